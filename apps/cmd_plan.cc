@@ -1,0 +1,63 @@
+// pipeplan plan CONFIG [-o FILE] [--format pb|json|torch-csv] [--set K=V]...
+#include <fmt/format.h>
+
+#include <map>
+#include <memory>
+
+#include "apps/common.h"
+#include "core/table_io.h"
+#include "planner/plan.h"
+#include "planner/validate.h"
+
+namespace pipeplan {
+
+Command MakePlanCommand() {
+  struct Options {
+    std::string config, output, format;
+    std::vector<std::string> sets;
+  };
+  auto o = std::make_shared<Options>();
+  Command c;
+  c.setup = [o](CLI::App* app) {
+    app->add_option("config", o->config, "YAML config")->required();
+    app->add_option("-o,--output", o->output, "plan file to write (.pb, .json or .csv)");
+    app->add_option("--format", o->format, "pb | json | torch-csv (default: from the file name)");
+    app->add_option("--set", o->sets, "override a config key: key.path=value (repeatable)");
+  };
+  c.run = [o]() -> int {
+    auto config = LoadConfig(o->config, o->sets);
+    if (!config.ok()) return Report(config.status());
+    auto table = BuildPlan(*config);
+    if (!table.ok()) return Report(table.status());
+    if (Status v = ValidatePlan(*table); !v.ok()) return Report(v);
+    if (!o->output.empty()) {
+      PlanFormat f = FormatFromPath(o->output);
+      if (!o->format.empty()) {
+        auto pf = ParsePlanFormat(o->format);
+        if (!pf.ok()) return Report(pf.status());
+        f = *pf;
+      }
+      if (Status s = SavePlan(*table, o->output, f); !s.ok()) return Report(s);
+    }
+    const Table& t = *table;
+    const PlanMeta& m = t.meta();
+    std::map<std::string, size_t> by_kind;
+    for (OpId i = 0; i < t.size(); ++i) {
+      std::string k(KindName(t.kind(i)));
+      if (t.module(i) != Module::kText && t.module(i) != Module::kOptimizer)
+        k = fmt::format("{}.{}", ModuleName(t.module(i)), k);
+      ++by_kind[k];
+    }
+    fmt::print("plan: {} ({} ranks = dp {} x pp {}; vp {}, tp {}, cp {}, ep {}; {} GPUs)\n",
+               m.schedule, t.num_ranks(), m.dp, m.pp, m.vp, m.tp, m.cp, m.ep, config->world());
+    fmt::print("micro-batches: {} per replica, {} per step\n", m.microbatches,
+               m.microbatches * m.dp);
+    fmt::print("ops: {}\n", t.size());
+    for (auto& [k, n] : by_kind) fmt::print("  {:<16} {}\n", k, n);
+    if (!o->output.empty()) fmt::print("wrote {}\n", o->output);
+    return 0;
+  };
+  return c;
+}
+
+}  // namespace pipeplan

@@ -1,0 +1,62 @@
+// pipeplan simulate CONFIG|PLAN [--set K=V]... [--json] [--trace FILE] [--cost real|unit]
+#include <fmt/format.h>
+
+#include <memory>
+
+#include "apps/common.h"
+#include "core/chrome_trace.h"
+#include "core/files.h"
+#include "planner/plan.h"
+
+namespace pipeplan {
+
+Command MakeSimulateCommand() {
+  struct Options {
+    std::string input, trace, cost = "real";
+    std::vector<std::string> sets;
+    std::vector<int32_t> trace_ranks, trace_dp;
+    bool json = false;
+  };
+  auto o = std::make_shared<Options>();
+  Command c;
+  c.setup = [o](CLI::App* app) {
+    app->add_option("input", o->input, "YAML config or plan file")->required();
+    app->add_option("--set", o->sets, "override a config key: key.path=value (repeatable)");
+    app->add_flag("--json", o->json, "print metrics as JSON");
+    app->add_option("--trace", o->trace, "write a Chrome trace (JSON) to this file");
+    app->add_option("--trace-ranks", o->trace_ranks, "limit the trace to these ranks")
+        ->delimiter(',');
+    app->add_option("--trace-dp", o->trace_dp, "limit the trace to these DP replicas")
+        ->delimiter(',');
+    app->add_option("--cost", o->cost, "real (hardware cost model) or unit (F=1, B=2, comm 0)")
+        ->check(CLI::IsMember({"real", "unit"}));
+  };
+  c.run = [o]() -> int {
+    auto in = LoadInput(o->input, o->sets);
+    if (!in.ok()) return Report(in.status());
+    SimOptions so = SimOptionsFor(in->config, o->cost == "unit");
+    so.memory_curves = !o->trace.empty();
+    auto sim = RunSimulation(in->table, so);
+    if (!sim.ok()) return Report(sim.status());
+    if (!o->trace.empty()) {
+      TraceOptions to;
+      to.ranks = o->trace_ranks, to.dp_replicas = o->trace_dp, to.source = "simulated";
+      to.predicted_s = &sim->durations;
+      std::string trace = ChromeTrace(in->table, sim->timeline, MemoryCounters(sim->memory), to);
+      if (Status s = WriteFileAtomic(o->trace, trace); !s.ok()) return Report(s);
+    }
+    if (o->json) {
+      fmt::print("{}\n", MetricsJson(sim->metrics).dump(1));
+    } else {
+      fmt::print("{}: {} on {} x {} ({} cost model)\n", o->input, in->table.meta().schedule,
+                 in->config.cluster.nodes * in->config.cluster.gpus_per_node,
+                 in->config.cluster.spec.name, o->cost);
+      fmt::print("{}", MetricsText(sim->metrics));
+      if (!o->trace.empty()) fmt::print("trace: {}\n", o->trace);
+    }
+    return 0;
+  };
+  return c;
+}
+
+}  // namespace pipeplan

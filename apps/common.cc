@@ -1,0 +1,39 @@
+#include "apps/common.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include "core/table_io.h"
+#include "planner/plan.h"
+
+namespace pipeplan {
+
+int Report(const Status& s) {
+  fmt::print(stderr, "pipeplan: error: {}\n", s.message());
+  return static_cast<int>(s.code());
+}
+
+bool IsConfigPath(const std::string& path) {
+  auto ends = [&](std::string_view e) {
+    return path.size() >= e.size() && path.compare(path.size() - e.size(), e.size(), e) == 0;
+  };
+  return ends(".yaml") || ends(".yml");
+}
+
+StatusOr<Input> LoadInput(const std::string& path, const std::vector<std::string>& sets) {
+  if (IsConfigPath(path)) {
+    ASSIGN_OR_RETURN(Config c, LoadConfig(path, sets));
+    ASSIGN_OR_RETURN(Table t, BuildPlan(c));
+    return Input{std::move(t), std::move(c)};
+  }
+  if (!sets.empty()) return InvalidInput("--set applies to configs, not to plan files");
+  ASSIGN_OR_RETURN(Table t, LoadPlan(path));
+  ASSIGN_OR_RETURN(Config c, ConfigOfPlan(t, path));
+  return Input{std::move(t), std::move(c)};
+}
+
+bool StderrIsTerminal() {
+  return isatty(STDERR_FILENO) == 1;
+}
+
+}  // namespace pipeplan

@@ -1,0 +1,41 @@
+// Shared pieces of the subcommands: the command table entry, error reporting, input
+// loading. Exit codes: 0 ok, 1 other failure, 2 bad input, 3 invalid plan.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/table.h"
+#include "planner/config.h"
+
+namespace pipeplan {
+
+struct Command {
+  std::function<void(CLI::App*)> setup;  // adds options to the subcommand
+  std::function<int()> run;              // runs it after parsing; returns the exit code
+};
+
+// Prints "pipeplan: error: ..." to stderr and returns the status's exit code.
+int Report(const Status& s);
+
+// A YAML config (planned now) or a plan file (.pb/.json); `config` is the one used.
+struct Input {
+  Table table;
+  Config config;
+};
+StatusOr<Input> LoadInput(const std::string& path, const std::vector<std::string>& sets);
+bool IsConfigPath(const std::string& path);
+
+bool StderrIsTerminal();
+
+Command MakePlanCommand();
+Command MakeValidateCommand();
+Command MakeShowCommand();
+Command MakeSimulateCommand();
+Command MakeSweepCommand();
+
+}  // namespace pipeplan

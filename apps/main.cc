@@ -1,0 +1,49 @@
+// pipeplan: plan, validate, show, simulate and sweep pipeline-parallel schedules.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+
+#include "apps/common.h"
+#include "core/version.h"
+
+int main(int argc, char** argv) {
+  using namespace pipeplan;
+  CLI::App app{"pipeplan: plan, simulate and execute pipeline-parallel training schedules"};
+  app.set_version_flag("--version", kVersion);
+  app.require_subcommand(1);
+  struct Entry {
+    const char* name;
+    const char* help;
+    Command cmd;
+  };
+  std::vector<Entry> table = {
+      {"plan", "Build the operator table of a config", MakePlanCommand()},
+      {"validate", "Check a plan: dependencies, SEND/RECV pairs, data flow, no deadlock",
+       MakeValidateCommand()},
+      {"show", "Print per-rank op sequences of a config or plan", MakeShowCommand()},
+      {"simulate", "Simulate a config or plan: step time, bubbles, memory, MFU, trace",
+       MakeSimulateCommand()},
+      {"sweep", "Plan and simulate a grid of config variations", MakeSweepCommand()},
+  };
+  std::vector<CLI::App*> subs;
+  for (Entry& e : table) {
+    CLI::App* sub = app.add_subcommand(e.name, e.help);
+    e.cmd.setup(sub);
+    subs.push_back(sub);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  for (size_t i = 0; i < table.size(); ++i)
+    if (subs[i]->parsed()) return table[i].cmd.run();
+  return 2;
+}

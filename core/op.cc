@@ -1,0 +1,118 @@
+#include "core/op.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <charconv>
+
+namespace pipeplan {
+namespace {
+
+constexpr std::array<std::string_view, kNumModules> kModuleNames = {"text", "vision", "generator",
+                                                                    "optimizer"};
+constexpr std::array<std::string_view, kNumOpKinds> kKindNames = {
+    "F",          "B",          "I",        "W",          "SEND_F",
+    "RECV_F",     "SEND_B",     "RECV_B",   "ALL_REDUCE", "REDUCE_SCATTER",
+    "ALL_GATHER", "ALL_TO_ALL", "OPT_STEP", "RECOMPUTE"};
+
+bool ParseInt(std::string_view s, int32_t* out) {
+  if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && p == s.data() + s.size() && *out >= 0;
+}
+
+Module DefaultModule(OpKind k) {
+  return k == OpKind::kOptStep ? Module::kOptimizer : Module::kText;
+}
+
+}  // namespace
+
+std::string_view ModuleName(Module m) {
+  return kModuleNames[static_cast<int>(m)];
+}
+std::string_view KindName(OpKind k) {
+  return kKindNames[static_cast<int>(k)];
+}
+
+bool ParseModule(std::string_view s, Module* out) {
+  for (int i = 0; i < kNumModules; ++i)
+    if (kModuleNames[i] == s) return *out = static_cast<Module>(i), true;
+  return false;
+}
+
+bool ParseKind(std::string_view s, OpKind* out) {
+  for (int i = 0; i < kNumOpKinds; ++i)
+    if (kKindNames[i] == s) return *out = static_cast<OpKind>(i), true;
+  return false;
+}
+
+std::string FormatOp(const OpKey& op) {
+  std::string s = fmt::format("r{} ", op.rank);
+  if (op.module != DefaultModule(op.kind)) s += fmt::format("{}.", ModuleName(op.module));
+  s += KindName(op.kind);
+  if (op.chunk >= 0) s += fmt::format(" c{}", op.chunk);
+  if (op.mb >= 0) s += fmt::format(" m{}", op.mb);
+  if (op.task >= 0) s += fmt::format(" t{}", op.task);
+  if (op.peer >= 0) {
+    if (IsSend(op.kind))
+      s += fmt::format(" ->r{}", op.peer);
+    else if (IsRecv(op.kind))
+      s += fmt::format(" <-r{}", op.peer);
+    else
+      s += fmt::format(" @g{}", op.peer);
+  }
+  return s;
+}
+
+StatusOr<OpKey> ParseOp(std::string_view text) {
+  auto bad = [&](std::string_view why) {
+    return InvalidInput(fmt::format("bad op '{}': {}", text, why));
+  };
+  std::array<std::string_view, 8> tok{};
+  size_t n = 0;
+  for (size_t i = 0; i < text.size();) {
+    while (i < text.size() && text[i] == ' ') ++i;
+    size_t j = i;
+    while (j < text.size() && text[j] != ' ') ++j;
+    if (j > i) {
+      if (n == tok.size()) return bad("too many fields");
+      tok[n++] = text.substr(i, j - i);
+    }
+    i = j;
+  }
+  if (n < 2) return bad("expected 'r<rank> <KIND> ...'");
+  OpKey op;
+  if (tok[0][0] != 'r' || !ParseInt(tok[0].substr(1), &op.rank)) return bad("expected r<rank>");
+  std::string_view kind = tok[1];
+  bool has_module = false;
+  if (size_t dot = kind.find('.'); dot != std::string_view::npos) {
+    if (!ParseModule(kind.substr(0, dot), &op.module)) return bad("unknown module");
+    kind = kind.substr(dot + 1);
+    has_module = true;
+  }
+  if (!ParseKind(kind, &op.kind)) return bad(fmt::format("unknown kind '{}'", kind));
+  if (!has_module) op.module = DefaultModule(op.kind);
+  for (size_t i = 2; i < n; ++i) {
+    std::string_view t = tok[i];
+    int32_t* field = nullptr;
+    size_t skip = 1;
+    if (t[0] == 'c')
+      field = &op.chunk;
+    else if (t[0] == 'm')
+      field = &op.mb;
+    else if (t[0] == 't')
+      field = &op.task;
+    else if (t.substr(0, 3) == "->r" && IsSend(op.kind))
+      field = &op.peer, skip = 3;
+    else if (t.substr(0, 3) == "<-r" && IsRecv(op.kind))
+      field = &op.peer, skip = 3;
+    else if (t.substr(0, 2) == "@g" && IsCollective(op.kind))
+      field = &op.peer, skip = 2;
+    if (field == nullptr || *field != -1 || !ParseInt(t.substr(skip), field))
+      return bad(fmt::format("bad field '{}'", t));
+  }
+  if (FormatOp(op) != text) return bad("fields out of canonical order");
+  return op;
+}
+
+}  // namespace pipeplan

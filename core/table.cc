@@ -1,0 +1,142 @@
+#include "core/table.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+
+namespace pipeplan {
+size_t WorkHash::operator()(const Work& w) const {
+  size_t h = 0;
+  auto mix = [&h](auto v) {
+    h ^= std::hash<decltype(v)>()(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  };
+  mix(w.flops), mix(w.attn_flops), mix(w.model_flops), mix(w.hbm_bytes), mix(w.payload_bytes);
+  mix(w.mem_delta_bytes), mix(w.tp_bytes), mix(w.ep_bytes), mix(w.tp_calls), mix(w.ep_calls);
+  mix(w.kernels), mix(w.layer_begin), mix(w.layer_end);
+  return h;
+}
+
+OpKey Table::key(OpId i) const {
+  return OpKey{rank_[i], kind_[i], module_[i], chunk_[i], mb_[i], task_[i], peer_[i]};
+}
+
+size_t Table::MemoryBytes() const {
+  size_t per_op = sizeof(int32_t) * 5 + sizeof(OpKind) + sizeof(Module) + sizeof(uint32_t) * 3;
+  return size() * per_op + deps_.size() * sizeof(uint32_t) + works_.size() * sizeof(Work) +
+         ranks_.size() * sizeof(RankInfo) + group_ranks_.size() * sizeof(int32_t);
+}
+
+TableBuilder::TableBuilder(std::vector<RankInfo> ranks)
+    : ranks_(std::move(ranks)), seq_(ranks_.size()) {}
+
+void TableBuilder::Reserve(size_t ops) {
+  keys_.reserve(ops);
+  extra_.reserve(ops);
+}
+
+WorkId TableBuilder::AddWork(const Work& w) {
+  auto [it, inserted] = work_index_.emplace(w, static_cast<WorkId>(works_.size()));
+  if (inserted) works_.push_back(w);
+  return it->second;
+}
+
+int32_t TableBuilder::AddGroup(std::vector<int32_t> ranks) {
+  group_ranks_.insert(group_ranks_.end(), ranks.begin(), ranks.end());
+  group_begin_.push_back(static_cast<uint32_t>(group_ranks_.size()));
+  return static_cast<int32_t>(group_begin_.size()) - 2;
+}
+
+TableBuilder::Handle TableBuilder::Add(const OpKey& key, WorkId work, uint32_t tag) {
+  keys_.push_back(key);
+  extra_.push_back({tag, work});
+  return static_cast<Handle>(keys_.size() - 1);
+}
+
+StatusOr<Table> TableBuilder::Finish(PlanMeta meta) {
+  Table t;
+  const size_t n = keys_.size();
+  std::vector<OpId> id_of(n, UINT32_MAX);
+  OpId next = 0;
+  for (size_t r = 0; r < seq_.size(); ++r) {
+    for (Handle h : seq_[r]) {
+      if (keys_[h].rank != static_cast<int32_t>(r))
+        return Internal(fmt::format("op {} sequenced on rank {}", FormatOp(keys_[h]), r));
+      if (id_of[h] != UINT32_MAX)
+        return Internal(fmt::format("op {} sequenced twice", FormatOp(keys_[h])));
+      id_of[h] = next++;
+    }
+    t.rank_begin_.push_back(next);
+  }
+  if (next != n) return Internal("an op was added but never sequenced");
+  t.rank_.resize(n), t.kind_.resize(n), t.module_.resize(n), t.chunk_.resize(n);
+  t.mb_.resize(n), t.task_.resize(n), t.peer_.resize(n), t.tag_.resize(n), t.work_.resize(n);
+  for (size_t h = 0; h < n; ++h) {
+    OpId i = id_of[h];
+    const OpKey& k = keys_[h];
+    t.rank_[i] = k.rank, t.kind_[i] = k.kind, t.module_[i] = k.module, t.chunk_[i] = k.chunk;
+    t.mb_[i] = k.mb, t.task_[i] = k.task, t.peer_[i] = k.peer;
+    t.tag_[i] = extra_[h].tag, t.work_[i] = extra_[h].work;
+  }
+  // CSR of dependencies, sorted by op then by dependency id (deterministic).
+  std::vector<std::pair<OpId, OpId>> e(edges_.size());
+  for (size_t j = 0; j < edges_.size(); ++j)
+    e[j] = {id_of[edges_[j].first], id_of[edges_[j].second]};
+  std::sort(e.begin(), e.end());
+  e.erase(std::unique(e.begin(), e.end()), e.end());
+  t.dep_begin_.assign(n + 1, 0);
+  for (auto& [op, on] : e) ++t.dep_begin_[op + 1];
+  for (size_t i = 0; i < n; ++i) t.dep_begin_[i + 1] += t.dep_begin_[i];
+  t.deps_.resize(e.size());
+  for (size_t j = 0; j < e.size(); ++j) t.deps_[j] = e[j].second;
+  t.ranks_ = std::move(ranks_);
+  t.works_ = std::move(works_);
+  t.group_begin_ = std::move(group_begin_);
+  t.group_ranks_ = std::move(group_ranks_);
+  t.meta_ = std::move(meta);
+  return t;
+}
+
+Status TableColumns::CheckConsistent() const {
+  const Table& t = *t_;
+  const size_t n = t.kind_.size();
+  for (size_t len : {t.rank_.size(), t.module_.size(), t.chunk_.size(), t.mb_.size(),
+                     t.task_.size(), t.peer_.size(), t.tag_.size(), t.work_.size()})
+    if (len != n) return InvalidInput("plan columns have different lengths");
+  if (t.dep_begin_.size() != n + 1 || t.dep_begin_.front() != 0 ||
+      t.dep_begin_.back() != t.deps_.size())
+    return InvalidInput("plan dependency index is inconsistent");
+  if (t.rank_begin_.size() != t.ranks_.size() + 1 || t.rank_begin_.front() != 0 ||
+      t.rank_begin_.back() != n)
+    return InvalidInput("plan rank index is inconsistent");
+  if (t.group_begin_.empty() || t.group_begin_.front() != 0 ||
+      t.group_begin_.back() != t.group_ranks_.size())
+    return InvalidInput("plan group index is inconsistent");
+  for (size_t i = 0; i + 1 < t.dep_begin_.size(); ++i)
+    if (t.dep_begin_[i] > t.dep_begin_[i + 1])
+      return InvalidInput("plan dependency index decreases");
+  for (size_t r = 0; r + 1 < t.rank_begin_.size(); ++r) {
+    if (t.rank_begin_[r] > t.rank_begin_[r + 1]) return InvalidInput("plan rank index decreases");
+    for (OpId i = t.rank_begin_[r]; i < t.rank_begin_[r + 1]; ++i)
+      if (t.rank_[i] != static_cast<int32_t>(r))
+        return InvalidInput(fmt::format("op {} is stored in rank {}'s sequence", i, r));
+  }
+  for (uint32_t d : t.deps_)
+    if (d >= n) return InvalidInput(fmt::format("dependency on op {} which does not exist", d));
+  for (uint32_t w : t.work_)
+    if (w >= t.works_.size()) return InvalidInput("op refers to a missing work entry");
+  for (int32_t r : t.group_ranks_)
+    if (r < 0 || r >= t.num_ranks()) return InvalidInput("group refers to a missing rank");
+  for (size_t i = 0; i < n; ++i) {
+    if (static_cast<int>(t.kind_[i]) >= kNumOpKinds ||
+        static_cast<int>(t.module_[i]) >= kNumModules)
+      return InvalidInput(fmt::format("op {} has an unknown kind or module", i));
+    if (IsP2P(t.kind_[i]) && (t.peer_[i] < 0 || t.peer_[i] >= t.num_ranks()))
+      return InvalidInput(fmt::format("op {} sends to a missing rank", i));
+    if (IsCollective(t.kind_[i]) && (t.peer_[i] < 0 || t.peer_[i] >= t.num_groups()))
+      return InvalidInput(fmt::format("op {} uses a missing group", i));
+  }
+  return Status::Ok();
+}
+
+}  // namespace pipeplan

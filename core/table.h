@@ -1,0 +1,198 @@
+// The operator table: every op of one training step on every pipeline rank.
+//
+// Invariants (checked by the planner's validator, relied on everywhere else):
+// - Op ids are dense, rank-major: the ops of rank r are [rank_begin(r), rank_begin(r+1))
+//   and that range IS rank r's execution sequence, in order.
+// - Ops with identical work share one Work entry (work class); durations and memory
+//   effects are computed per class.
+// - deps(op) lists explicit dependencies: a RECV lists its matching SEND (exactly one);
+//   a collective lists same-rank ops it must wait for; OPT_STEP lists its rank's
+//   gradient collectives. Same-stream order on a rank is implicit.
+// - Collectives are matched across ranks by (group id in `peer`, tag).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/op.h"
+
+namespace pipeplan {
+
+using OpId = uint32_t;
+using WorkId = uint32_t;
+
+// What one op does, shared by all ops doing the same thing. Units in the names.
+struct Work {
+  double flops = 0;            // FLOPs over all GPUs of the rank, recompute included
+  double attn_flops = 0;       // part of `flops` in attention kernels (own efficiency)
+  double model_flops = 0;      // FLOPs counted by MFU (no recompute)
+  double hbm_bytes = 0;        // bytes each GPU moves in memory-bound kernels (norms,
+                               // activations, residual adds, optimizer), bytes
+  double payload_bytes = 0;    // SEND/RECV or collective payload per GPU, bytes
+  double mem_delta_bytes = 0;  // activation bytes per GPU that become live (>0) or are
+                               // freed (<0) when the op ends
+  double tp_bytes = 0;         // folded TP/CP collectives: bytes per GPU over the ring
+  double ep_bytes = 0;         // folded MoE dispatch/combine all-to-all bytes per GPU
+  int32_t tp_calls = 0;        // number of folded TP/CP collective calls
+  int32_t ep_calls = 0;        // number of folded all-to-all calls
+  int32_t kernels = 1;         // kernel launches (launch overhead)
+  int32_t layer_begin = -1;    // module layers covered, [begin, end); -1 = none
+  int32_t layer_end = -1;
+  friend bool operator==(const Work&, const Work&) = default;
+};
+
+struct WorkHash {
+  size_t operator()(const Work& w) const;
+};
+
+// One pipeline position: (dp replica, pp stage); its tp*cp GPUs run in lock-step.
+struct RankInfo {
+  int32_t dp = 0;
+  int32_t pp = 0;
+  int32_t gpus = 1;       // GPUs of the rank (tp * cp)
+  int32_t first_gpu = 0;  // global index of the rank's first GPU (Megatron order tp-cp-dp-pp)
+  int32_t node = 0;       // node of the first GPU
+  double params[3] = {0, 0, 0};  // parameters held per GPU, by module (text, vision, generator)
+  friend bool operator==(const RankInfo&, const RankInfo&) = default;
+};
+
+// Plan-wide facts the simulator and executor need without the config.
+struct PlanMeta {
+  std::string schedule;  // gpipe | 1f1b | interleaved-1f1b
+  std::string modality;  // placement policy of vision/generator ops ("" if none)
+  int32_t pp = 1, vp = 1, dp = 1, tp = 1, cp = 1, ep = 1;
+  int32_t microbatches = 1;  // per DP replica
+  int32_t gpus_per_node = 8;
+  double tokens_per_step = 0;   // LLM tokens processed per step (all replicas)
+  double samples_per_step = 0;  // samples per step (all replicas)
+  std::string config_yaml;      // the resolved config the plan was made from
+  friend bool operator==(const PlanMeta&, const PlanMeta&) = default;
+};
+
+class Table {
+ public:
+  size_t size() const { return kind_.size(); }
+  int32_t num_ranks() const { return static_cast<int32_t>(ranks_.size()); }
+  OpId rank_begin(int32_t r) const { return rank_begin_[r]; }
+  OpId rank_end(int32_t r) const { return rank_begin_[r + 1]; }
+
+  int32_t rank(OpId i) const { return rank_[i]; }
+  OpKind kind(OpId i) const { return kind_[i]; }
+  Module module(OpId i) const { return module_[i]; }
+  int32_t chunk(OpId i) const { return chunk_[i]; }
+  int32_t mb(OpId i) const { return mb_[i]; }
+  int32_t task(OpId i) const { return task_[i]; }
+  int32_t peer(OpId i) const { return peer_[i]; }
+  uint32_t tag(OpId i) const { return tag_[i]; }
+  WorkId work_id(OpId i) const { return work_[i]; }
+  const Work& work(OpId i) const { return works_[work_[i]]; }
+  std::span<const OpId> deps(OpId i) const {
+    return {deps_.data() + dep_begin_[i], deps_.data() + dep_begin_[i + 1]};
+  }
+  OpKey key(OpId i) const;
+  std::string str(OpId i) const { return FormatOp(key(i)); }
+
+  const std::vector<RankInfo>& ranks() const { return ranks_; }
+  const std::vector<Work>& works() const { return works_; }
+  std::span<const int32_t> group(int32_t g) const {
+    return {group_ranks_.data() + group_begin_[g], group_ranks_.data() + group_begin_[g + 1]};
+  }
+  int32_t num_groups() const { return static_cast<int32_t>(group_begin_.size()) - 1; }
+  const PlanMeta& meta() const { return meta_; }
+  PlanMeta& mutable_meta() { return meta_; }
+  std::vector<Work>& mutable_works() { return works_; }
+  std::vector<uint32_t>& mutable_deps() { return deps_; }  // tests break tables by hand
+  std::vector<uint32_t>& mutable_dep_begin() { return dep_begin_; }
+
+  size_t MemoryBytes() const;
+  friend bool operator==(const Table&, const Table&) = default;
+
+ private:
+  friend class TableBuilder;
+  friend class TableColumns;
+  std::vector<int32_t> rank_, chunk_, mb_, task_, peer_;
+  std::vector<OpKind> kind_;
+  std::vector<Module> module_;
+  std::vector<uint32_t> tag_, work_;
+  std::vector<uint32_t> dep_begin_{0}, deps_;
+  std::vector<uint32_t> rank_begin_{0};
+  std::vector<RankInfo> ranks_;
+  std::vector<Work> works_;
+  std::vector<uint32_t> group_begin_{0};
+  std::vector<int32_t> group_ranks_;
+  PlanMeta meta_;
+};
+
+// Builds a table from ops added in any order and per-rank sequences of them.
+// Handles returned by Add are builder-local; Finish renumbers them rank-major.
+class TableBuilder {
+ public:
+  using Handle = uint32_t;
+
+  explicit TableBuilder(std::vector<RankInfo> ranks);
+  WorkId AddWork(const Work& w);  // deduplicates identical work
+  int32_t AddGroup(std::vector<int32_t> ranks);
+  Handle Add(const OpKey& key, WorkId work, uint32_t tag = 0);
+  // Appends op h to the end of its rank's sequence.
+  void Append(Handle h) { seq_[keys_[h].rank].push_back(h); }
+  Handle AddAndAppend(const OpKey& key, WorkId work, uint32_t tag = 0) {
+    Handle h = Add(key, work, tag);
+    Append(h);
+    return h;
+  }
+  void AddDep(Handle op, Handle on) { edges_.push_back({op, on}); }
+  std::vector<std::vector<Handle>>& sequences() { return seq_; }
+  const OpKey& key(Handle h) const { return keys_[h]; }
+  size_t size() const { return keys_.size(); }
+  void Reserve(size_t ops);
+  // Fails if an added op is not in exactly one sequence.
+  StatusOr<Table> Finish(PlanMeta meta);
+
+ private:
+  struct Extra {
+    uint32_t tag;
+    WorkId work;
+  };
+  std::vector<RankInfo> ranks_;
+  std::vector<OpKey> keys_;
+  std::vector<Extra> extra_;
+  std::vector<std::vector<Handle>> seq_;
+  std::vector<std::pair<Handle, Handle>> edges_;
+  std::vector<Work> works_;
+  std::unordered_map<Work, WorkId, WorkHash> work_index_;
+  std::vector<uint32_t> group_begin_{0};
+  std::vector<int32_t> group_ranks_;
+};
+
+// Raw column access for serialisation (core/table_io.cc) only.
+class TableColumns {
+ public:
+  explicit TableColumns(Table* t) : t_(t) {}
+  auto& rank() { return t_->rank_; }
+  auto& kind() { return t_->kind_; }
+  auto& module() { return t_->module_; }
+  auto& chunk() { return t_->chunk_; }
+  auto& mb() { return t_->mb_; }
+  auto& task() { return t_->task_; }
+  auto& peer() { return t_->peer_; }
+  auto& tag() { return t_->tag_; }
+  auto& work() { return t_->work_; }
+  auto& dep_begin() { return t_->dep_begin_; }
+  auto& deps() { return t_->deps_; }
+  auto& rank_begin() { return t_->rank_begin_; }
+  auto& ranks() { return t_->ranks_; }
+  auto& works() { return t_->works_; }
+  auto& group_begin() { return t_->group_begin_; }
+  auto& group_ranks() { return t_->group_ranks_; }
+  auto& meta() { return t_->meta_; }
+  // Structural checks after loading untrusted data: lengths, id ranges, rank-major order.
+  Status CheckConsistent() const;
+
+ private:
+  Table* t_;
+};
+
+}  // namespace pipeplan

@@ -1,0 +1,316 @@
+#include "core/table_io.h"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/files.h"
+#include "core/version.h"
+#include "plan.pb.h"
+
+namespace pipeplan {
+namespace {
+
+using nlohmann::json;
+
+template <typename Src, typename Dst>
+void CopyColumn(const Src& src, Dst* dst) {
+  dst->Reserve(static_cast<int>(src.size()));
+  for (auto v : src) dst->Add(static_cast<typename Dst::value_type>(v));
+}
+
+template <typename Src, typename Dst>
+void ReadColumn(const Src& src, Dst* dst) {
+  dst->assign(src.begin(), src.end());
+}
+
+template <typename Src, typename T>
+void ReadEnumColumn(const Src& src, std::vector<T>* dst) {
+  dst->resize(src.size());
+  for (int i = 0; i < src.size(); ++i) (*dst)[i] = static_cast<T>(src[i]);
+}
+
+json WorkToJson(const Work& w) {
+  return {{"flops", w.flops},
+          {"attn_flops", w.attn_flops},
+          {"model_flops", w.model_flops},
+          {"hbm_bytes", w.hbm_bytes},
+          {"payload_bytes", w.payload_bytes},
+          {"mem_delta_bytes", w.mem_delta_bytes},
+          {"tp_bytes", w.tp_bytes},
+          {"ep_bytes", w.ep_bytes},
+          {"tp_calls", w.tp_calls},
+          {"ep_calls", w.ep_calls},
+          {"kernels", w.kernels},
+          {"layer_begin", w.layer_begin},
+          {"layer_end", w.layer_end}};
+}
+
+Work WorkFromJson(const json& j) {
+  Work w;
+  w.flops = j.at("flops"), w.attn_flops = j.at("attn_flops"), w.model_flops = j.at("model_flops"),
+  w.hbm_bytes = j.at("hbm_bytes");
+  w.payload_bytes = j.at("payload_bytes"), w.mem_delta_bytes = j.at("mem_delta_bytes");
+  w.tp_bytes = j.at("tp_bytes"), w.ep_bytes = j.at("ep_bytes"), w.tp_calls = j.at("tp_calls");
+  w.ep_calls = j.at("ep_calls"), w.kernels = j.at("kernels"), w.layer_begin = j.at("layer_begin");
+  w.layer_end = j.at("layer_end");
+  return w;
+}
+
+json MetaToJson(const PlanMeta& m) {
+  return {{"schedule", m.schedule},
+          {"modality", m.modality},
+          {"pp", m.pp},
+          {"vp", m.vp},
+          {"dp", m.dp},
+          {"tp", m.tp},
+          {"cp", m.cp},
+          {"ep", m.ep},
+          {"microbatches", m.microbatches},
+          {"gpus_per_node", m.gpus_per_node},
+          {"tokens_per_step", m.tokens_per_step},
+          {"samples_per_step", m.samples_per_step},
+          {"config_yaml", m.config_yaml},
+          {"tool_version", kVersion}};
+}
+
+PlanMeta MetaFromJson(const json& j) {
+  PlanMeta m;
+  m.schedule = j.at("schedule"), m.modality = j.at("modality"), m.pp = j.at("pp");
+  m.vp = j.at("vp"), m.dp = j.at("dp"), m.tp = j.at("tp"), m.cp = j.at("cp"), m.ep = j.at("ep");
+  m.microbatches = j.at("microbatches"), m.gpus_per_node = j.at("gpus_per_node");
+  m.tokens_per_step = j.at("tokens_per_step"), m.samples_per_step = j.at("samples_per_step");
+  m.config_yaml = j.at("config_yaml");
+  return m;
+}
+
+}  // namespace
+
+StatusOr<PlanFormat> ParsePlanFormat(const std::string& name) {
+  if (name == "pb") return PlanFormat::kPb;
+  if (name == "json") return PlanFormat::kJson;
+  if (name == "torch-csv") return PlanFormat::kTorchCsv;
+  return InvalidInput(
+      fmt::format("unknown plan format '{}' (expected pb, json or torch-csv)", name));
+}
+
+PlanFormat FormatFromPath(const std::string& path) {
+  auto ends = [&](std::string_view s) {
+    return path.size() >= s.size() && path.compare(path.size() - s.size(), s.size(), s) == 0;
+  };
+  if (ends(".json")) return PlanFormat::kJson;
+  if (ends(".csv")) return PlanFormat::kTorchCsv;
+  return PlanFormat::kPb;
+}
+
+std::string SerializePb(const Table& table) {
+  Table& t = const_cast<Table&>(table);  // TableColumns is read-only here
+  TableColumns c(&t);
+  proto::Plan p;
+  p.set_format_version(1);
+  auto* m = p.mutable_meta();
+  const PlanMeta& pm = t.meta();
+  m->set_schedule(pm.schedule), m->set_modality(pm.modality), m->set_pp(pm.pp), m->set_vp(pm.vp);
+  m->set_dp(pm.dp), m->set_tp(pm.tp), m->set_cp(pm.cp), m->set_ep(pm.ep);
+  m->set_microbatches(pm.microbatches), m->set_gpus_per_node(pm.gpus_per_node);
+  m->set_tokens_per_step(pm.tokens_per_step), m->set_samples_per_step(pm.samples_per_step);
+  m->set_config_yaml(pm.config_yaml), m->set_tool_version(kVersion);
+  for (const RankInfo& r : t.ranks()) {
+    auto* pr = p.add_ranks();
+    pr->set_dp(r.dp), pr->set_pp(r.pp), pr->set_gpus(r.gpus), pr->set_first_gpu(r.first_gpu);
+    pr->set_node(r.node);
+    for (double v : r.params) pr->add_params(v);
+  }
+  for (int32_t r = 0; r < t.num_ranks(); ++r) p.add_rank_op_count(t.rank_end(r) - t.rank_begin(r));
+  for (const Work& w : t.works()) {
+    auto* pw = p.add_works();
+    pw->set_flops(w.flops), pw->set_attn_flops(w.attn_flops), pw->set_model_flops(w.model_flops),
+        pw->set_hbm_bytes(w.hbm_bytes);
+    pw->set_payload_bytes(w.payload_bytes), pw->set_mem_delta_bytes(w.mem_delta_bytes);
+    pw->set_tp_bytes(w.tp_bytes), pw->set_ep_bytes(w.ep_bytes), pw->set_tp_calls(w.tp_calls);
+    pw->set_ep_calls(w.ep_calls), pw->set_kernels(w.kernels), pw->set_layer_begin(w.layer_begin);
+    pw->set_layer_end(w.layer_end);
+  }
+  for (int32_t g = 0; g < t.num_groups(); ++g) {
+    p.add_group_size(static_cast<uint32_t>(t.group(g).size()));
+    for (int32_t r : t.group(g)) p.add_group_ranks(r);
+  }
+  auto* o = p.mutable_ops();
+  CopyColumn(c.rank(), o->mutable_rank());
+  CopyColumn(c.kind(), o->mutable_kind());
+  CopyColumn(c.module(), o->mutable_module());
+  CopyColumn(c.chunk(), o->mutable_chunk());
+  CopyColumn(c.mb(), o->mutable_mb());
+  CopyColumn(c.task(), o->mutable_task());
+  CopyColumn(c.peer(), o->mutable_peer());
+  CopyColumn(c.tag(), o->mutable_tag());
+  CopyColumn(c.work(), o->mutable_work());
+  o->mutable_dep_count()->Reserve(static_cast<int>(t.size()));
+  for (size_t i = 0; i < t.size(); ++i) o->add_dep_count(static_cast<uint32_t>(t.deps(i).size()));
+  CopyColumn(c.deps(), o->mutable_deps());
+  return p.SerializeAsString();
+}
+
+StatusOr<Table> ParsePb(const std::string& bytes) {
+  proto::Plan p;
+  if (!p.ParseFromString(bytes)) return InvalidInput("not a pipeplan protobuf plan");
+  if (p.format_version() != 1)
+    return InvalidInput(fmt::format("unsupported plan format version {}", p.format_version()));
+  Table t;
+  TableColumns c(&t);
+  const auto& m = p.meta();
+  PlanMeta& pm = c.meta();
+  pm.schedule = m.schedule(), pm.modality = m.modality(), pm.pp = m.pp(), pm.vp = m.vp();
+  pm.dp = m.dp(), pm.tp = m.tp(), pm.cp = m.cp(), pm.ep = m.ep();
+  pm.microbatches = m.microbatches(), pm.gpus_per_node = m.gpus_per_node();
+  pm.tokens_per_step = m.tokens_per_step(), pm.samples_per_step = m.samples_per_step();
+  pm.config_yaml = m.config_yaml();
+  for (const auto& pr : p.ranks()) {
+    RankInfo r{pr.dp(), pr.pp(), pr.gpus(), pr.first_gpu(), pr.node(), {0, 0, 0}};
+    for (int i = 0; i < std::min(3, pr.params_size()); ++i) r.params[i] = pr.params(i);
+    c.ranks().push_back(r);
+  }
+  for (uint32_t n : p.rank_op_count()) c.rank_begin().push_back(c.rank_begin().back() + n);
+  for (const auto& pw : p.works()) {
+    c.works().push_back(Work{pw.flops(), pw.attn_flops(), pw.model_flops(), pw.hbm_bytes(),
+                             pw.payload_bytes(), pw.mem_delta_bytes(), pw.tp_bytes(), pw.ep_bytes(),
+                             pw.tp_calls(), pw.ep_calls(), pw.kernels(), pw.layer_begin(),
+                             pw.layer_end()});
+  }
+  for (uint32_t n : p.group_size()) c.group_begin().push_back(c.group_begin().back() + n);
+  ReadColumn(p.group_ranks(), &c.group_ranks());
+  const auto& o = p.ops();
+  ReadColumn(o.rank(), &c.rank());
+  ReadEnumColumn(o.kind(), &c.kind());
+  ReadEnumColumn(o.module(), &c.module());
+  ReadColumn(o.chunk(), &c.chunk());
+  ReadColumn(o.mb(), &c.mb());
+  ReadColumn(o.task(), &c.task());
+  ReadColumn(o.peer(), &c.peer());
+  ReadColumn(o.tag(), &c.tag());
+  ReadColumn(o.work(), &c.work());
+  c.dep_begin().reserve(o.dep_count_size() + 1);
+  for (uint32_t n : o.dep_count()) c.dep_begin().push_back(c.dep_begin().back() + n);
+  ReadColumn(o.deps(), &c.deps());
+  RETURN_IF_ERROR(c.CheckConsistent());
+  return t;
+}
+
+std::string ToJson(const Table& t) {
+  json j;
+  j["format_version"] = 1;
+  j["meta"] = MetaToJson(t.meta());
+  json ranks = json::array();
+  for (const RankInfo& r : t.ranks())
+    ranks.push_back({{"dp", r.dp},
+                     {"pp", r.pp},
+                     {"gpus", r.gpus},
+                     {"first_gpu", r.first_gpu},
+                     {"node", r.node},
+                     {"params", {r.params[0], r.params[1], r.params[2]}}});
+  j["ranks"] = std::move(ranks);
+  json works = json::array();
+  for (const Work& w : t.works()) works.push_back(WorkToJson(w));
+  j["works"] = std::move(works);
+  json groups = json::array();
+  for (int32_t g = 0; g < t.num_groups(); ++g) {
+    auto members = t.group(g);
+    groups.push_back(json(std::vector<int32_t>(members.begin(), members.end())));
+  }
+  j["groups"] = std::move(groups);
+  json ops = json::array();
+  for (OpId i = 0; i < t.size(); ++i) {
+    json op = {{"op", t.str(i)}, {"work", t.work_id(i)}};
+    if (t.tag(i) != 0) op["tag"] = t.tag(i);
+    auto d = t.deps(i);
+    if (!d.empty()) op["deps"] = std::vector<uint32_t>(d.begin(), d.end());
+    ops.push_back(std::move(op));
+  }
+  j["ops"] = std::move(ops);
+  return j.dump(1) + "\n";
+}
+
+StatusOr<Table> FromJson(const std::string& text) {
+  Table t;
+  TableColumns c(&t);
+  try {
+    json j = json::parse(text);
+    if (j.at("format_version") != 1) return InvalidInput("unsupported JSON plan format version");
+    c.meta() = MetaFromJson(j.at("meta"));
+    for (const json& r : j.at("ranks")) {
+      RankInfo ri{r.at("dp"), r.at("pp"), r.at("gpus"), r.at("first_gpu"), r.at("node"), {}};
+      for (int k = 0; k < 3; ++k) ri.params[k] = r.at("params").at(k);
+      c.ranks().push_back(ri);
+    }
+    for (const json& w : j.at("works")) c.works().push_back(WorkFromJson(w));
+    for (const json& g : j.at("groups")) {
+      for (int32_t r : g) c.group_ranks().push_back(r);
+      c.group_begin().push_back(static_cast<uint32_t>(c.group_ranks().size()));
+    }
+    const json& ops = j.at("ops");
+    int32_t last_rank = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const json& op = ops[i];
+      auto key = ParseOp(op.at("op").get<std::string>());
+      if (!key.ok()) return InvalidInput(fmt::format("op {}: {}", i, key.status().message()));
+      if (key->rank < last_rank || key->rank >= static_cast<int32_t>(c.ranks().size()))
+        return InvalidInput(fmt::format("op {} ('{}') is out of rank order", i, FormatOp(*key)));
+      for (; last_rank < key->rank; ++last_rank) c.rank_begin().push_back(static_cast<uint32_t>(i));
+      c.rank().push_back(key->rank), c.kind().push_back(key->kind);
+      c.module().push_back(key->module), c.chunk().push_back(key->chunk);
+      c.mb().push_back(key->mb), c.task().push_back(key->task), c.peer().push_back(key->peer);
+      c.tag().push_back(op.value("tag", 0u)), c.work().push_back(op.at("work"));
+      if (auto it = op.find("deps"); it != op.end())
+        for (uint32_t d : *it) c.deps().push_back(d);
+      c.dep_begin().push_back(static_cast<uint32_t>(c.deps().size()));
+    }
+    for (; last_rank < static_cast<int32_t>(c.ranks().size()); ++last_rank)
+      c.rank_begin().push_back(static_cast<uint32_t>(ops.size()));
+  } catch (const json::exception& e) {
+    return InvalidInput(fmt::format("not a pipeplan JSON plan: {}", e.what()));
+  }
+  RETURN_IF_ERROR(c.CheckConsistent());
+  return t;
+}
+
+std::string ToTorchCsv(const Table& t) {
+  std::string out;
+  const int32_t pp = t.meta().pp;
+  for (int32_t r = 0; r < t.num_ranks(); ++r) {
+    bool first = true;
+    for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) {
+      OpKind k = t.kind(i);
+      if (t.module(i) != Module::kText ||
+          !(k == OpKind::kF || k == OpKind::kB || k == OpKind::kI || k == OpKind::kW))
+        continue;
+      if (!first) out += ',';
+      first = false;
+      out += fmt::format("{}{}{}", t.chunk(i) * pp + t.ranks()[r].pp, KindName(k), t.mb(i));
+    }
+    out += '\n';
+  }
+  return out;
+}
+
+Status SavePlan(const Table& t, const std::string& path, PlanFormat format) {
+  switch (format) {
+    case PlanFormat::kPb:
+      return WriteFileAtomic(path, SerializePb(t));
+    case PlanFormat::kJson:
+      return WriteFileAtomic(path, ToJson(t));
+    case PlanFormat::kTorchCsv:
+      return WriteFileAtomic(path, ToTorchCsv(t));
+  }
+  return Internal("unknown plan format");
+}
+
+StatusOr<Table> LoadPlan(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
+  size_t first = bytes.find_first_not_of(" \t\r\n");
+  StatusOr<Table> t =
+      (first != std::string::npos && bytes[first] == '{') ? FromJson(bytes) : ParsePb(bytes);
+  if (!t.ok()) return InvalidInput(fmt::format("{}: {}", path, t.status().message()));
+  return t;
+}
+
+}  // namespace pipeplan

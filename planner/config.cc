@@ -1,0 +1,456 @@
+#include "planner/config.h"
+
+#include <fmt/format.h>
+
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+
+namespace pipeplan {
+namespace {
+
+constexpr std::string_view kPipelineNames[] = {"gpipe", "1f1b", "interleaved-1f1b"};
+constexpr std::string_view kModalityNames[] = {"inline", "decoupled", "nested", "bubble-fill"};
+constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
+
+// Shared state of one parse: the document, the first error, and where each key was.
+struct Ctx {
+  const YamlDoc& doc;
+  std::optional<Status> error;
+  std::map<std::string, YAML::Node> seen;  // key path -> value node (for later checks)
+
+  void Fail(const YAML::Node& node, const std::string& path, std::string_view msg) {
+    if (!error) error = InvalidInput(doc.ErrorAt(node, path, msg));
+  }
+  // Error about a key that was read earlier (consistency checks).
+  void FailAt(const std::string& path, std::string_view msg) {
+    auto it = seen.find(path);
+    if (it != seen.end()) return Fail(it->second, path, msg);
+    if (!error) error = InvalidInput(fmt::format("{}: {}: {}", doc.name(), path, msg));
+  }
+};
+
+// A YAML mapping being read against a fixed set of keys. Every key read is marked used;
+// Finish() reports the first unused one with a "did you mean" hint.
+class MapReader {
+ public:
+  MapReader(Ctx* ctx, YAML::Node node, std::string path)
+      : ctx_(ctx), node_(node), path_(std::move(path)) {
+    if (node_.IsDefined() && !node_.IsNull() && !node_.IsMap())
+      ctx_->Fail(node_, path_, fmt::format("'{}' must be a mapping", path_));
+  }
+
+  // Finds a key by its canonical name or an alias; nullopt if absent.
+  std::optional<YAML::Node> Find(std::initializer_list<std::string_view> names, bool required) {
+    for (auto n : names) known_.insert(std::string(n));
+    std::optional<YAML::Node> found;
+    std::string found_name;
+    if (node_.IsMap()) {
+      for (auto it = node_.begin(); it != node_.end(); ++it) {
+        std::string key = it->first.as<std::string>();
+        for (auto n : names) {
+          if (key != n) continue;
+          if (found) {
+            ctx_->Fail(it->first, Path(n),
+                       fmt::format("'{}' and '{}' set the same value", found_name, key));
+            return std::nullopt;
+          }
+          found = it->second, found_name = key;
+        }
+      }
+    }
+    if (found) ctx_->seen[Path(*names.begin())] = *found;
+    if (!found && required)
+      ctx_->Fail(node_, path_.empty() ? std::string(*names.begin()) : path_,
+                 fmt::format("missing required key '{}'", Path(*names.begin())));
+    return found;
+  }
+
+  void Int(std::initializer_list<std::string_view> names, int* out, int min,
+           bool required = false) {
+    auto n = Find(names, required);
+    if (!n) return;
+    std::string path = Path(*names.begin());
+    long long v = 0;
+    try {
+      v = n->as<long long>();
+    } catch (const YAML::Exception&) {
+      return ctx_->Fail(*n, path,
+                        fmt::format("'{}' must be an integer, got '{}'", path, Scalar(*n)));
+    }
+    if (v < min || v > std::numeric_limits<int>::max())
+      return ctx_->Fail(*n, path, fmt::format("'{}' must be >= {}, got {}", path, min, v));
+    *out = static_cast<int>(v);
+  }
+
+  void U64(std::initializer_list<std::string_view> names, uint64_t* out) {
+    auto n = Find(names, false);
+    if (!n) return;
+    try {
+      *out = n->as<uint64_t>();
+    } catch (const YAML::Exception&) {
+      std::string path = Path(*names.begin());
+      ctx_->Fail(*n, path,
+                 fmt::format("'{}' must be a non-negative integer, got '{}'", path, Scalar(*n)));
+    }
+  }
+
+  void Double(std::initializer_list<std::string_view> names, double* out, double min) {
+    auto n = Find(names, false);
+    if (!n) return;
+    std::string path = Path(*names.begin());
+    try {
+      *out = n->as<double>();
+    } catch (const YAML::Exception&) {
+      return ctx_->Fail(*n, path, fmt::format("'{}' must be a number, got '{}'", path, Scalar(*n)));
+    }
+    if (*out < min)
+      ctx_->Fail(*n, path, fmt::format("'{}' must be >= {}, got {}", path, min, *out));
+  }
+
+  void Bool(std::initializer_list<std::string_view> names, bool* out) {
+    auto n = Find(names, false);
+    if (!n) return;
+    try {
+      *out = n->as<bool>();
+    } catch (const YAML::Exception&) {
+      std::string path = Path(*names.begin());
+      ctx_->Fail(*n, path, fmt::format("'{}' must be true or false, got '{}'", path, Scalar(*n)));
+    }
+  }
+
+  void String(std::initializer_list<std::string_view> names, std::string* out,
+              bool required = false) {
+    auto n = Find(names, required);
+    if (!n) return;
+    if (!n->IsScalar())
+      return ctx_->Fail(*n, Path(*names.begin()),
+                        fmt::format("'{}' must be a string", Path(*names.begin())));
+    *out = n->as<std::string>();
+  }
+
+  template <typename E, size_t N>
+  void Enum(std::initializer_list<std::string_view> names, E* out,
+            const std::string_view (&values)[N]) {
+    auto n = Find(names, false);
+    if (!n) return;
+    std::string path = Path(*names.begin());
+    std::string v = n->IsScalar() ? n->as<std::string>() : "";
+    for (size_t i = 0; i < N; ++i)
+      if (v == values[i]) return void(*out = static_cast<E>(i));
+    std::string list;
+    for (size_t i = 0; i < N; ++i) list += fmt::format("{}{}", i ? ", " : "", values[i]);
+    ctx_->Fail(*n, path,
+               fmt::format("bad value '{}' for '{}' (expected one of: {})", v, path, list));
+  }
+
+  // A nested mapping; an absent key gives an empty reader (all defaults).
+  MapReader Sub(std::initializer_list<std::string_view> names, bool required = false) {
+    auto n = Find(names, required);
+    return MapReader(ctx_, n ? *n : YAML::Node(), Path(*names.begin()));
+  }
+  bool Has(std::initializer_list<std::string_view> names) { return Find(names, false).has_value(); }
+
+  // Reports the first key that no reader asked for.
+  void Finish() {
+    if (!node_.IsMap()) return;
+    for (auto it = node_.begin(); it != node_.end(); ++it) {
+      std::string key = it->first.as<std::string>();
+      if (known_.count(key)) continue;
+      std::string hint;
+      size_t best = std::max<size_t>(2, key.size() / 3) + 1;
+      for (const std::string& k : known_) {
+        size_t d = EditDistance(key, k);
+        if (d < best) best = d, hint = fmt::format(" (did you mean '{}'?)", k);
+      }
+      return ctx_->Fail(it->first, Path(key), fmt::format("unknown key '{}'{}", Path(key), hint));
+    }
+  }
+
+  const YAML::Node& node() const { return node_; }
+  const std::string& path() const { return path_; }
+  Ctx* ctx() const { return ctx_; }
+
+ private:
+  std::string Path(std::string_view key) const {
+    return path_.empty() ? std::string(key) : fmt::format("{}.{}", path_, key);
+  }
+  static std::string Scalar(const YAML::Node& n) {
+    return n.IsScalar() ? n.Scalar() : "<non-scalar>";
+  }
+
+  Ctx* ctx_;
+  YAML::Node node_;
+  std::string path_;
+  std::set<std::string> known_;
+};
+
+void ReadCluster(MapReader m, ClusterConfig* c) {
+  m.String({"gpu"}, &c->gpu, true);
+  m.Int({"nodes"}, &c->nodes, 1, true);
+  m.Int({"gpus_per_node"}, &c->gpus_per_node, 1);
+  auto found = FindGpu(c->gpu);
+  if (!found.ok()) {
+    std::string list;
+    for (auto& n : GpuNames()) list += (list.empty() ? "" : ", ") + n;
+    m.ctx()->FailAt("cluster.gpu", fmt::format("unknown GPU '{}' (catalog: {})", c->gpu, list));
+  } else {
+    c->spec = *found;
+  }
+  MapReader hw = m.Sub({"hardware"});
+  for (const std::string& name : GpuSpecFieldNames()) {
+    double* field = GpuSpecField(&c->spec, name);
+    hw.Double({name}, field, 0);
+  }
+  hw.Finish();
+  m.Finish();
+}
+
+void ReadModel(MapReader m, ModelConfig* c) {
+  MapReader llm = m.Sub({"llm"}, true);
+  LlmConfig& l = c->llm;
+  llm.Int({"layers", "num_layers"}, &l.layers, 1, true);
+  llm.Int({"hidden", "hidden_size"}, &l.hidden, 1, true);
+  llm.Int({"ffn", "ffn_hidden_size"}, &l.ffn, 1, true);
+  llm.Int({"heads", "num_attention_heads"}, &l.heads, 1, true);
+  l.kv_heads = 0;
+  llm.Int({"kv_heads", "num_query_groups"}, &l.kv_heads, 1);
+  if (l.kv_heads == 0) l.kv_heads = l.heads;
+  llm.Int({"vocab", "vocab_size"}, &l.vocab, 1, true);
+  llm.Int({"head_dim", "kv_channels"}, &l.head_dim, 1);
+  if (l.head_dim == 0) l.head_dim = l.hidden / l.heads;
+  llm.Bool({"gated_ffn", "swiglu"}, &l.gated_ffn);
+  MapReader moe = llm.Sub({"moe"});
+  moe.Int({"experts", "num_experts"}, &l.moe.experts, 0);
+  moe.Int({"top_k", "moe_router_topk"}, &l.moe.top_k, 0);
+  moe.Int({"expert_ffn", "moe_ffn_hidden_size"}, &l.moe.expert_ffn, 0);
+  moe.Int({"shared_experts"}, &l.moe.shared_experts, 0);
+  moe.Int({"dense_layers"}, &l.moe.dense_layers, 0);
+  moe.Finish();
+  llm.Finish();
+  if (m.Has({"vision"})) {
+    MapReader v = m.Sub({"vision"});
+    VisionConfig& vc = c->vision;
+    vc.enabled = true;
+    v.Int({"layers"}, &vc.layers, 1, true);
+    v.Int({"hidden"}, &vc.hidden, 1, true);
+    v.Int({"mlp"}, &vc.mlp, 1, true);
+    v.Int({"heads"}, &vc.heads, 1, true);
+    v.Int({"patch"}, &vc.patch, 1);
+    v.Int({"merge"}, &vc.merge, 1);
+    v.Finish();
+  }
+  if (m.Has({"generator"})) {
+    MapReader g = m.Sub({"generator"});
+    GeneratorConfig& gc = c->generator;
+    gc.enabled = true;
+    g.Int({"layers"}, &gc.layers, 1, true);
+    g.Int({"hidden"}, &gc.hidden, 1, true);
+    g.Int({"mlp"}, &gc.mlp, 1, true);
+    g.Int({"heads"}, &gc.heads, 1, true);
+    g.Int({"latent_patch"}, &gc.latent_patch, 1);
+    g.Finish();
+  }
+  m.Finish();
+}
+
+void ReadParallel(MapReader m, ParallelConfig* c) {
+  m.Int({"tp", "tensor_model_parallel_size"}, &c->tp, 1);
+  m.Int({"pp", "pipeline_model_parallel_size"}, &c->pp, 1);
+  m.Int({"vp", "virtual_pipeline_model_parallel_size"}, &c->vp, 1);
+  m.Int({"dp", "data_parallel_size"}, &c->dp, 1);
+  m.Int({"cp", "context_parallel_size"}, &c->cp, 1);
+  m.Int({"ep", "expert_model_parallel_size"}, &c->ep, 1);
+  m.Int({"microbatch_group_size_per_vp_stage"}, &c->microbatch_group_size_per_vp_stage, 1);
+  m.Finish();
+}
+
+void ReadTraining(MapReader m, TrainingConfig* c) {
+  m.Int({"seq_length", "seq_len"}, &c->seq_length, 1, true);
+  m.Int({"micro_batch_size", "mbs"}, &c->micro_batch_size, 1);
+  m.Int({"global_batch_size", "gbs"}, &c->global_batch_size, 1);
+  m.Int({"microbatches", "num_microbatches"}, &c->microbatches, 1);
+  m.Enum({"recompute"}, &c->recompute, kRecomputeNames);
+  m.Int({"zero_stage"}, &c->zero_stage, 0);
+  m.Bool({"sequence_parallel"}, &c->sequence_parallel);
+  m.Double({"comm_reserve_gb"}, &c->comm_reserve_gb, 0);
+  m.Finish();
+}
+
+void ReadData(MapReader m, DataConfig* c) {
+  m.U64({"seed"}, &c->seed);
+  m.Int({"text_tokens"}, &c->text_tokens, 0);
+  m.Int({"images_per_sample"}, &c->images_per_sample, 0);
+  m.String({"manifest"}, &c->manifest);
+  if (auto list = m.Find({"images"}, false)) {
+    if (!list->IsSequence()) {
+      m.ctx()->Fail(*list, "data.images",
+                    "'data.images' must be a list of {height, width, weight}");
+    } else {
+      for (size_t i = 0; i < list->size(); ++i) {
+        MapReader e(m.ctx(), (*list)[i], fmt::format("data.images[{}]", i));
+        ImageClass ic;
+        e.Int({"height"}, &ic.height, 1, true);
+        e.Int({"width"}, &ic.width, 1, true);
+        e.Double({"weight"}, &ic.weight, 0);
+        e.Int({"frames"}, &ic.frames, 1);
+        e.Finish();
+        c->images.push_back(ic);
+      }
+    }
+  }
+  m.Finish();
+}
+
+void ReadSchedule(MapReader m, ScheduleConfig* c) {
+  m.Enum({"pipeline"}, &c->pipeline, kPipelineNames);
+  m.Enum({"modality"}, &c->modality, kModalityNames);
+  m.Finish();
+}
+
+// Consistency of derived values; errors point at the key to change.
+void CheckConsistency(Config* c, Ctx* ctx) {
+  ParallelConfig& p = c->parallel;
+  TrainingConfig& t = c->training;
+  const LlmConfig& l = c->model.llm;
+  const int world = c->world();
+  const int model_parallel = p.tp * p.pp * p.cp;
+  if (world % model_parallel != 0)
+    return ctx->FailAt(
+        "parallelism.pp",
+        fmt::format("world size {} GPUs ({} nodes x {}) is not divisible by tp*pp*cp = {}", world,
+                    c->cluster.nodes, c->cluster.gpus_per_node, model_parallel));
+  int dp = world / model_parallel;
+  if (p.dp != 0 && p.dp != dp)
+    return ctx->FailAt("parallelism.dp", fmt::format("dp = {} but world {} / (tp*pp*cp = {}) = {}",
+                                                     p.dp, world, model_parallel, dp));
+  p.dp = dp;
+  if (p.tp > c->cluster.gpus_per_node)
+    return ctx->FailAt("parallelism.tp",
+                       fmt::format("tp = {} spans more than one node ({} GPUs per node)", p.tp,
+                                   c->cluster.gpus_per_node));
+  if (l.heads % p.tp != 0 || (l.kv_heads % p.tp != 0 && p.tp % l.kv_heads != 0))
+    return ctx->FailAt("parallelism.tp",
+                       fmt::format("{} attention heads ({} KV heads) cannot be split over tp = {}",
+                                   l.heads, l.kv_heads, p.tp));
+  if (l.heads % l.kv_heads != 0)
+    return ctx->FailAt(
+        "model.llm.kv_heads",
+        fmt::format("{} heads are not a multiple of {} KV heads", l.heads, l.kv_heads));
+  if (l.moe.experts > 0) {
+    if (l.moe.top_k < 1 || l.moe.top_k > l.moe.experts)
+      return ctx->FailAt("model.llm.moe.top_k",
+                         fmt::format("top_k must be in [1, {}]", l.moe.experts));
+    if (l.moe.expert_ffn < 1)
+      return ctx->FailAt("model.llm.moe.expert_ffn", "MoE needs expert_ffn >= 1");
+    if (l.moe.experts % p.ep != 0)
+      return ctx->FailAt("parallelism.ep", fmt::format("{} experts are not divisible by ep = {}",
+                                                       l.moe.experts, p.ep));
+  }
+  if ((dp * p.cp) % p.ep != 0)
+    return ctx->FailAt("parallelism.ep",
+                       fmt::format("ep = {} must divide dp*cp = {}", p.ep, dp * p.cp));
+  if (p.ep > 1 && l.moe.experts == 0)
+    return ctx->FailAt("parallelism.ep", "ep > 1 needs an MoE model (model.llm.moe.experts)");
+  const bool interleaved = c->schedule.pipeline == PipelineKind::kInterleaved1F1B;
+  if (interleaved && p.vp < 2)
+    return ctx->FailAt("schedule.pipeline", "interleaved-1f1b needs parallelism.vp >= 2");
+  if (!interleaved && p.vp > 1)
+    return ctx->FailAt("parallelism.vp",
+                       fmt::format("vp = {} needs schedule.pipeline: interleaved-1f1b", p.vp));
+  if (l.layers % (p.pp * p.vp) != 0)
+    return ctx->FailAt("model.llm.layers",
+                       fmt::format("{} layers cannot be split into pp*vp = {} equal chunks",
+                                   l.layers, p.pp * p.vp));
+  if (t.seq_length % p.cp != 0 ||
+      (t.sequence_parallel && p.tp > 1 && t.seq_length % (p.tp * p.cp) != 0))
+    return ctx->FailAt(
+        "training.seq_length",
+        fmt::format("seq_length {} is not divisible by tp*cp = {}", t.seq_length, p.tp * p.cp));
+  // Micro-batches per replica = gbs / (mbs * dp).
+  if (t.global_batch_size > 0) {
+    int per_step = t.micro_batch_size * dp;
+    if (t.global_batch_size % per_step != 0)
+      return ctx->FailAt(
+          "training.global_batch_size",
+          fmt::format("global_batch_size {} is not divisible by micro_batch_size*dp = {}*{}",
+                      t.global_batch_size, t.micro_batch_size, dp));
+    int m = t.global_batch_size / per_step;
+    if (t.microbatches != 0 && t.microbatches != m)
+      return ctx->FailAt(
+          "training.microbatches",
+          fmt::format("microbatches = {} but global_batch_size / (micro_batch_size*dp) = {}",
+                      t.microbatches, m));
+    t.microbatches = m;
+  } else if (t.microbatches == 0) {
+    return ctx->FailAt("training", "set training.global_batch_size or training.microbatches");
+  } else {
+    t.global_batch_size = t.microbatches * t.micro_batch_size * dp;
+  }
+  const int m = t.microbatches;
+  if (interleaved) {
+    const char* key = ctx->seen.count("training.microbatches") ? "training.microbatches"
+                                                               : "training.global_batch_size";
+    if (m < p.pp)
+      return ctx->FailAt(
+          key,
+          fmt::format("interleaved-1f1b needs at least pp = {} micro-batches per replica, got {}",
+                      p.pp, m));
+    if (p.microbatch_group_size_per_vp_stage == 0 && m % p.pp != 0) {
+      // PyTorch's rule: rounds = max(1, m // pp), m must be a multiple of rounds.
+      int rounds = std::max(1, m / p.pp);
+      if (m % rounds != 0)
+        return ctx->FailAt(key, fmt::format("{} micro-batches per replica is not a multiple of the "
+                                            "{} rounds of pp = {} (interleaved-1f1b)",
+                                            m, rounds, p.pp));
+    }
+  }
+  if (p.microbatch_group_size_per_vp_stage > m)
+    return ctx->FailAt("parallelism.microbatch_group_size_per_vp_stage",
+                       fmt::format("group size {} exceeds the {} micro-batches",
+                                   p.microbatch_group_size_per_vp_stage, m));
+  if (p.microbatch_group_size_per_vp_stage != 0 && p.microbatch_group_size_per_vp_stage < p.pp)
+    return ctx->FailAt("parallelism.microbatch_group_size_per_vp_stage",
+                       fmt::format("group size must be >= pp = {}", p.pp));
+  if (t.zero_stage > 2) return ctx->FailAt("training.zero_stage", "zero_stage must be 0, 1 or 2");
+  if (c->data.text_tokens > t.seq_length * t.micro_batch_size)
+    return ctx->FailAt(
+        "data.text_tokens",
+        fmt::format("text_tokens {} exceed seq_length*micro_batch_size", c->data.text_tokens));
+}
+
+}  // namespace
+
+std::string_view PipelineName(PipelineKind k) {
+  return kPipelineNames[static_cast<int>(k)];
+}
+std::string_view ModalityName(ModalityPolicy p) {
+  return kModalityNames[static_cast<int>(p)];
+}
+
+StatusOr<Config> ParseConfig(YamlDoc doc) {
+  Ctx ctx{doc, std::nullopt, {}};
+  Config c;
+  c.source = doc.name();
+  MapReader root(&ctx, doc.root(), "");
+  ReadCluster(root.Sub({"cluster"}, true), &c.cluster);
+  ReadModel(root.Sub({"model"}, true), &c.model);
+  ReadParallel(root.Sub({"parallelism", "parallel"}), &c.parallel);
+  ReadTraining(root.Sub({"training"}, true), &c.training);
+  ReadData(root.Sub({"data"}), &c.data);
+  ReadSchedule(root.Sub({"schedule"}), &c.schedule);
+  root.Finish();
+  if (!ctx.error) CheckConsistency(&c, &ctx);
+  if (ctx.error) return *ctx.error;
+  c.resolved_yaml = doc.Dump();
+  return c;
+}
+
+StatusOr<Config> LoadConfig(const std::string& path, const std::vector<std::string>& sets) {
+  ASSIGN_OR_RETURN(YamlDoc doc, YamlDoc::FromFile(path));
+  for (const std::string& s : sets) RETURN_IF_ERROR(doc.ApplySet(s));
+  return ParseConfig(std::move(doc));
+}
+
+}  // namespace pipeplan

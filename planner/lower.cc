@@ -1,0 +1,147 @@
+#include "planner/lower.h"
+
+#include <fmt/format.h>
+
+#include <unordered_map>
+
+namespace pipeplan {
+
+uint32_t CollectiveTag(OpKind kind, Module module, int32_t chunk) {
+  return (static_cast<uint32_t>(module) << 24) | (static_cast<uint32_t>(kind) << 16) |
+         static_cast<uint32_t>(chunk + 1);
+}
+
+std::vector<RankSeq> ExpandStages(const std::vector<StageOrder>& orders, const PipelineShape& shape,
+                                  const std::vector<WorkId>& f_work,
+                                  const std::vector<WorkId>& b_work) {
+  std::vector<RankSeq> seqs(static_cast<size_t>(shape.dp) * shape.pp);
+  for (int d = 0; d < shape.dp; ++d) {
+    for (int s = 0; s < shape.pp; ++s) {
+      RankSeq& seq = seqs[shape.rank(d, s)];
+      seq.reserve(orders[s].size() * 3 + 8);
+      for (const Step& st : orders[s]) {
+        int g = st.chunk * shape.pp + s;
+        OpKey k{shape.rank(d, s), st.kind, Module::kText, st.chunk, st.mb};
+        seq.push_back({k, st.kind == OpKind::kF ? f_work[g] : b_work[g]});
+      }
+    }
+  }
+  return seqs;
+}
+
+void AddSendRecv(std::vector<RankSeq>* seqs, const PipelineShape& shape, WorkId p2p_work) {
+  if (shape.pp == 1) return;  // all stages on one rank: data stays local
+  const int S = shape.stages();
+  auto tag = [&](int d, int sender_stage, int mb, int dir) {
+    return static_cast<uint32_t>(
+        1 + ((static_cast<int64_t>(d) * S + sender_stage) * shape.m + mb) * 2 + dir);
+  };
+  for (RankSeq& seq : *seqs) {
+    if (seq.empty()) continue;
+    RankSeq out;
+    out.reserve(seq.size() * 2 + 8);
+    for (const PendingOp& op : seq) {
+      const OpKey& k = op.key;
+      const int d = k.rank / shape.pp, s = k.rank % shape.pp, g = k.chunk * shape.pp + s;
+      auto p2p = [&](OpKind kind, int other_stage, int sender_stage, int dir) {
+        OpKey pk{
+            k.rank, kind, Module::kText, k.chunk, k.mb, -1, shape.rank(d, other_stage % shape.pp)};
+        out.push_back({pk, p2p_work, tag(d, sender_stage, k.mb, dir)});
+      };
+      if (k.module != Module::kText || (k.kind != OpKind::kF && k.kind != OpKind::kB)) {
+        out.push_back(op);
+        continue;
+      }
+      if (k.kind == OpKind::kF) {
+        if (g > 0) p2p(OpKind::kRecvF, g - 1, g - 1, 0);
+        out.push_back(op);
+        if (g < S - 1) p2p(OpKind::kSendF, g + 1, g, 0);
+      } else {
+        if (g < S - 1) p2p(OpKind::kRecvB, g + 1, g + 1, 1);
+        out.push_back(op);
+        if (g > 0) p2p(OpKind::kSendB, g - 1, g, 1);
+      }
+    }
+    seq = std::move(out);
+  }
+}
+
+void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zero_stage,
+                 const GradSyncWorks& works, const std::vector<int32_t>& dp_group_of_stage) {
+  const bool sync = shape.dp > 1;
+  const OpKind reduce = zero_stage >= 1 ? OpKind::kReduceScatter : OpKind::kAllReduce;
+  for (int32_t r = 0; r < static_cast<int32_t>(seqs->size()); ++r) {
+    RankSeq& seq = (*seqs)[r];
+    const int s = r % shape.pp;
+    std::vector<int> backwards_left(shape.vp, 0);
+    for (const PendingOp& op : seq)
+      if (op.key.module == Module::kText && op.key.kind == OpKind::kB)
+        ++backwards_left[op.key.chunk];
+    RankSeq out;
+    out.reserve(seq.size() + 3 * shape.vp + 1);
+    for (const PendingOp& op : seq) {
+      out.push_back(op);
+      if (!sync || op.key.module != Module::kText || op.key.kind != OpKind::kB) continue;
+      if (--backwards_left[op.key.chunk] == 0) {
+        int g = op.key.chunk * shape.pp + s;
+        OpKey ck{r, reduce, Module::kText, op.key.chunk, -1, -1, dp_group_of_stage[s]};
+        out.push_back({ck, works.reduce[g], CollectiveTag(reduce, Module::kText, op.key.chunk)});
+      }
+    }
+    out.push_back({OpKey{r, OpKind::kOptStep, Module::kOptimizer}, works.opt_step[s]});
+    if (sync && zero_stage >= 1) {
+      for (int c = 0; c < shape.vp; ++c) {
+        OpKey gk{r, OpKind::kAllGather, Module::kText, c, -1, -1, dp_group_of_stage[s]};
+        out.push_back({gk, works.gather[c * shape.pp + s],
+                       CollectiveTag(OpKind::kAllGather, Module::kText, c)});
+      }
+    }
+    seq = std::move(out);
+  }
+}
+
+Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
+  size_t total = 0;
+  for (const RankSeq& s : seqs) total += s.size();
+  b->Reserve(total);
+  std::unordered_map<uint32_t, TableBuilder::Handle> sends;
+  std::vector<std::pair<TableBuilder::Handle, uint32_t>> recvs;
+  sends.reserve(total / 4);
+  recvs.reserve(total / 4);
+  for (RankSeq& seq : seqs) {
+    // Last backward per (module, chunk) seen so far, and gradient collectives of the rank.
+    std::unordered_map<int64_t, TableBuilder::Handle> last_backward;
+    std::vector<TableBuilder::Handle> grad_collectives;
+    TableBuilder::Handle opt_step = UINT32_MAX;
+    for (const PendingOp& op : seq) {
+      const OpKey& k = op.key;
+      TableBuilder::Handle h = b->AddAndAppend(k, op.work, op.tag);
+      const int64_t mc = static_cast<int64_t>(k.module) << 32 | static_cast<uint32_t>(k.chunk);
+      if (IsSend(k.kind)) {
+        if (!sends.emplace(op.tag, h).second)
+          return Internal(fmt::format("two sends share tag {} ({})", op.tag, FormatOp(k)));
+      } else if (IsRecv(k.kind)) {
+        recvs.push_back({h, op.tag});
+      } else if (k.kind == OpKind::kB || k.kind == OpKind::kW) {
+        last_backward[mc] = h;
+      } else if (k.kind == OpKind::kOptStep) {
+        opt_step = h;
+        for (TableBuilder::Handle c : grad_collectives) b->AddDep(h, c);
+      } else if (k.kind == OpKind::kAllGather && opt_step != UINT32_MAX) {
+        b->AddDep(h, opt_step);
+      } else if (IsCollective(k.kind)) {
+        auto it = last_backward.find(mc);
+        if (it != last_backward.end()) b->AddDep(h, it->second);
+        grad_collectives.push_back(h);
+      }
+    }
+  }
+  for (auto [h, tag] : recvs) {
+    auto it = sends.find(tag);
+    if (it == sends.end()) return Internal(fmt::format("no send for {}", FormatOp(b->key(h))));
+    b->AddDep(h, it->second);
+  }
+  return Status::Ok();
+}
+
+}  // namespace pipeplan

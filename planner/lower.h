@@ -1,0 +1,56 @@
+// Lowering passes: compute order -> + SEND/RECV -> + gradient sync and optimizer step ->
+// link dependencies -> table. Each pass is a function over per-rank op lists.
+#pragma once
+
+#include <vector>
+
+#include "core/table.h"
+#include "planner/schedules.h"
+
+namespace pipeplan {
+
+struct PendingOp {
+  OpKey key;
+  WorkId work = 0;
+  uint32_t tag = 0;
+};
+using RankSeq = std::vector<PendingOp>;
+
+// Pipeline shape shared by the passes. Rank of (replica d, stage s) = d*pp + s.
+struct PipelineShape {
+  int pp = 1, vp = 1, dp = 1, m = 1;
+  int rank(int d, int stage) const { return d * pp + stage; }
+  int stages() const { return pp * vp; }
+};
+
+// Text compute ops: stage orders replicated over DP replicas; work ids per global stage.
+std::vector<RankSeq> ExpandStages(const std::vector<StageOrder>& orders, const PipelineShape& shape,
+                                  const std::vector<WorkId>& f_work,
+                                  const std::vector<WorkId>& b_work);
+
+// SEND right after the producing op, RECV right before the consuming op. Consecutive
+// SEND/RECV ops on a rank form one group posted together (Megatron's batched p2p).
+// Tags pair them: 1 + ((replica*stages + sender stage)*m + mb)*2 + direction.
+void AddSendRecv(std::vector<RankSeq>* seqs, const PipelineShape& shape, WorkId p2p_work);
+
+struct GradSyncWorks {
+  std::vector<WorkId> reduce;    // per global stage: gradient reduction payload
+  std::vector<WorkId> gather;    // per global stage: parameter all-gather (ZeRO >= 1)
+  std::vector<WorkId> opt_step;  // per stage (pp rank)
+};
+
+// Per rank and chunk: gradient reduction over the stage's DP group right after the
+// chunk's last backward (ALL_REDUCE, or REDUCE_SCATTER with ZeRO >= 1); then OPT_STEP;
+// then parameter ALL_GATHER per chunk with ZeRO >= 1. Returns nothing when dp == 1
+// except the optimizer steps.
+void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zero_stage,
+                 const GradSyncWorks& works, const std::vector<int32_t>& dp_group_of_stage);
+
+// Adds every op to the builder in sequence order and links dependencies by rule:
+// RECV -> its SEND (by tag); a gradient collective -> the last backward of its module and
+// chunk on the rank; OPT_STEP -> the rank's gradient collectives; ALL_GATHER -> OPT_STEP.
+Status Link(std::vector<RankSeq> seqs, TableBuilder* builder);
+
+uint32_t CollectiveTag(OpKind kind, Module module, int32_t chunk);
+
+}  // namespace pipeplan

@@ -1,0 +1,136 @@
+#include "planner/sweep.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "planner/plan.h"
+
+namespace pipeplan {
+namespace {
+
+std::string CsvField(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char ch : s) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+  return q + "\"";
+}
+
+std::string FirstLine(const std::string& s) {
+  return s.substr(0, s.find('\n'));
+}
+
+void RunPoint(const std::string& path, const std::vector<std::string>& sets,
+              const std::vector<VaryAxis>& axes, SweepPoint* p) {
+  std::vector<std::string> all = sets;
+  for (size_t a = 0; a < axes.size(); ++a)
+    all.push_back(fmt::format("{}={}", axes[a].key, p->values[a]));
+  auto config = LoadConfig(path, all);
+  if (!config.ok()) return void(p->error = FirstLine(config.status().message()));
+  auto table = BuildPlan(*config);
+  if (!table.ok()) return void(p->error = FirstLine(table.status().message()));
+  auto sim = RunSimulation(*table, SimOptionsFor(*config));
+  if (!sim.ok()) return void(p->error = FirstLine(sim.status().message()));
+  p->metrics = std::move(sim->metrics);
+  p->metrics.critical_path.clear();
+  p->ok = true;
+  if (p->metrics.oom) p->error = "out of memory";
+}
+
+}  // namespace
+
+StatusOr<VaryAxis> ParseVary(const std::string& spec) {
+  size_t eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+    return InvalidInput(fmt::format("--vary {}: expected KEY=V1,V2,...", spec));
+  VaryAxis a;
+  a.key = spec.substr(0, eq);
+  std::string rest = spec.substr(eq + 1);
+  for (size_t b = 0;;) {
+    size_t comma = rest.find(',', b);
+    std::string v = rest.substr(b, comma - b);
+    if (v.empty()) return InvalidInput(fmt::format("--vary {}: empty value", spec));
+    a.values.push_back(v);
+    if (comma == std::string::npos) break;
+    b = comma + 1;
+  }
+  return a;
+}
+
+std::vector<SweepPoint> ExpandGrid(const std::vector<VaryAxis>& axes) {
+  std::vector<SweepPoint> points(1);
+  for (const VaryAxis& a : axes) {
+    std::vector<SweepPoint> next;
+    for (const SweepPoint& p : points)
+      for (const std::string& v : a.values) {
+        SweepPoint q = p;
+        q.values.push_back(v);
+        next.push_back(std::move(q));
+      }
+    points = std::move(next);
+  }
+  return points;
+}
+
+std::vector<SweepPoint> RunSweep(const std::string& path, const std::vector<std::string>& sets,
+                                 const std::vector<VaryAxis>& axes, int jobs,
+                                 const std::function<void(size_t, size_t)>& progress) {
+  std::vector<SweepPoint> points = ExpandGrid(axes);
+  std::atomic<size_t> next{0};
+  size_t done = 0;
+  std::mutex mu;
+  auto worker = [&] {
+    for (size_t i; (i = next++) < points.size();) {
+      RunPoint(path, sets, axes, &points[i]);
+      std::lock_guard<std::mutex> lock(mu);
+      if (progress) progress(++done, points.size());
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int j = 0; j < std::max(1, jobs); ++j) threads.emplace_back(worker);
+  for (auto& th : threads) th.join();
+  MarkPareto(&points);
+  return points;
+}
+
+void MarkPareto(std::vector<SweepPoint>* points) {
+  auto feasible = [](const SweepPoint& p) { return p.ok && !p.metrics.oom; };
+  for (SweepPoint& p : *points) {
+    p.pareto = feasible(p);
+    if (!p.pareto) continue;
+    for (const SweepPoint& q : *points) {
+      if (&q == &p || !feasible(q)) continue;
+      const double pt = p.metrics.step_time_s, pm = p.metrics.peak_memory_bytes;
+      const double qt = q.metrics.step_time_s, qm = q.metrics.peak_memory_bytes;
+      if (qt <= pt && qm <= pm && (qt < pt || qm < pm)) {
+        p.pareto = false;
+        break;
+      }
+    }
+  }
+}
+
+std::string SweepCsv(const std::vector<VaryAxis>& axes, const std::vector<SweepPoint>& points) {
+  std::string out;
+  for (const VaryAxis& a : axes) out += CsvField(a.key) + ",";
+  out +=
+      "step_time_s,bubble_fraction,mfu,tokens_per_s,samples_per_s,peak_memory_bytes,oom,pareto,"
+      "error\n";
+  for (const SweepPoint& p : points) {
+    for (const std::string& v : p.values) out += CsvField(v) + ",";
+    if (p.ok) {
+      const Metrics& m = p.metrics;
+      out += fmt::format("{:.9g},{:.6f},{:.6f},{:.9g},{:.9g},{:.0f},{},", m.step_time_s,
+                         m.bubble_fraction, m.mfu, m.tokens_per_s, m.samples_per_s,
+                         m.peak_memory_bytes, m.oom ? 1 : 0);
+    } else {
+      out += ",,,,,,,";
+    }
+    out += fmt::format("{},{}\n", p.pareto ? 1 : 0, CsvField(p.error));
+  }
+  return out;
+}
+
+}  // namespace pipeplan

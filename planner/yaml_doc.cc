@@ -1,0 +1,119 @@
+#include "planner/yaml_doc.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "core/files.h"
+
+namespace pipeplan {
+namespace {
+
+std::vector<std::string> SplitLines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+std::string Located(const std::string& name, const std::vector<std::string>& lines, int line,
+                    int col, std::string_view msg) {
+  std::string out = fmt::format("{}:{}:{}: {}", name, line + 1, col + 1, msg);
+  if (line >= 0 && line < static_cast<int>(lines.size()))
+    out += fmt::format("\n  {}\n  {}^", lines[line], std::string(std::max(col, 0), ' '));
+  return out;
+}
+
+}  // namespace
+
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+StatusOr<YamlDoc> YamlDoc::FromFile(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  return FromString(path, text);
+}
+
+StatusOr<YamlDoc> YamlDoc::FromString(std::string name, const std::string& text) {
+  YamlDoc doc;
+  doc.name_ = std::move(name);
+  doc.lines_ = SplitLines(text);
+  try {
+    doc.root_ = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return InvalidInput(Located(doc.name_, doc.lines_, e.mark.line, e.mark.column,
+                                fmt::format("YAML syntax error: {}", e.msg)));
+  }
+  if (doc.root_.IsNull()) doc.root_ = YAML::Node(YAML::NodeType::Map);
+  if (!doc.root_.IsMap())
+    return InvalidInput(Located(doc.name_, doc.lines_, doc.root_.Mark().line,
+                                doc.root_.Mark().column, "the config must be a YAML mapping"));
+  return doc;
+}
+
+Status YamlDoc::ApplySet(const std::string& assignment) {
+  size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    return InvalidInput(fmt::format("--set {}: expected KEY.PATH=VALUE", assignment));
+  std::string path = assignment.substr(0, eq);
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    return InvalidInput(fmt::format("--set {}: bad value: {}", assignment, e.msg));
+  }
+  std::vector<std::string> keys;
+  for (size_t b = 0;;) {
+    size_t dot = path.find('.', b);
+    keys.push_back(path.substr(b, dot - b));
+    if (keys.back().empty())
+      return InvalidInput(fmt::format("--set {}: empty key in path", assignment));
+    if (dot == std::string::npos) break;
+    b = dot + 1;
+  }
+  // yaml-cpp nodes are handles: walk with fresh handles and assign through them.
+  std::vector<YAML::Node> chain{root_};
+  for (size_t i = 0; i + 1 < keys.size(); ++i) {
+    YAML::Node next = chain.back()[keys[i]];
+    if (!next.IsDefined() || next.IsNull()) {
+      chain.back()[keys[i]] = YAML::Node(YAML::NodeType::Map);
+      next = chain.back()[keys[i]];
+    }
+    if (!next.IsMap())
+      return InvalidInput(fmt::format("--set {}: '{}' is not a mapping", assignment, keys[i]));
+    chain.push_back(next);
+  }
+  chain.back()[keys.back()] = value;
+  set_origin_[path] = assignment;
+  return Status::Ok();
+}
+
+std::string YamlDoc::Dump() const {
+  YAML::Emitter out;
+  out << root_;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::string YamlDoc::ErrorAt(const YAML::Node& node, const std::string& key_path,
+                             std::string_view msg) const {
+  // A value written by --set (or a map it created) has no position in the file.
+  for (const auto& [path, assignment] : set_origin_) {
+    bool inside = key_path == path || key_path.rfind(path + ".", 0) == 0;
+    bool created_parent = node.Mark().is_null() && path.rfind(key_path + ".", 0) == 0;
+    if (inside || created_parent) return fmt::format("--set {}: {}", assignment, msg);
+  }
+  if (node.Mark().is_null()) return fmt::format("{}: {}: {}", name_, key_path, msg);
+  return Located(name_, lines_, node.Mark().line, node.Mark().column, msg);
+}
+
+}  // namespace pipeplan

@@ -1,0 +1,43 @@
+// A YAML document with positions, `--set` overrides and compiler-style error messages.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace pipeplan {
+
+class YamlDoc {
+ public:
+  static StatusOr<YamlDoc> FromFile(const std::string& path);
+  static StatusOr<YamlDoc> FromString(std::string name, const std::string& text);
+
+  // Applies "a.b.c=value": the value is parsed as YAML (so 4, true, [1,2], {k: v} work);
+  // missing maps along the path are created. Unknown keys are caught by the typed reader.
+  Status ApplySet(const std::string& assignment);
+
+  const YAML::Node& root() const { return root_; }
+  const std::string& name() const { return name_; }
+  std::string Dump() const;  // the document after overrides, as YAML
+
+  // "FILE:LINE:COL: message\n  <line>\n  ^" for a node read from the file, or
+  // "--set KEY=VALUE: message" for one that came from the command line.
+  std::string ErrorAt(const YAML::Node& node, const std::string& key_path,
+                      std::string_view msg) const;
+
+ private:
+  std::string name_;
+  std::vector<std::string> lines_;
+  YAML::Node root_;
+  std::map<std::string, std::string> set_origin_;  // key path -> the --set that wrote it
+};
+
+// Levenshtein distance, for "did you mean" hints.
+size_t EditDistance(std::string_view a, std::string_view b);
+
+}  // namespace pipeplan

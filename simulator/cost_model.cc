@@ -1,0 +1,110 @@
+#include "simulator/cost_model.h"
+
+#include <algorithm>
+#include <array>
+#include <map>
+
+namespace pipeplan {
+
+CostModel CostModel::Unit() {
+  CostModel m;
+  m.unit_ = true;
+  return m;
+}
+
+CostModel CostModel::Real(const GpuSpec& spec) {
+  CostModel m;
+  m.spec_ = spec;
+  return m;
+}
+
+double CostModel::ComputeSeconds(const Work& w, int gpus, int tp, int ep, int gpus_per_node) const {
+  const GpuSpec& s = spec_;
+  const double per_gpu = 1.0 / std::max(gpus, 1);
+  double gemm_s = (w.flops - w.attn_flops) * per_gpu / (s.bf16_flops * s.compute_efficiency);
+  double attn_s = w.attn_flops * per_gpu / (s.bf16_flops * s.attention_efficiency);
+  double mem_s = w.hbm_bytes / (s.hbm_bw * s.hbm_efficiency);
+  double t = gemm_s + attn_s + mem_s + w.kernels * s.launch_s;
+  const double nvl = s.nvlink_bw * s.nvlink_efficiency, nic = s.nic_bw * s.nic_efficiency;
+  if (w.tp_calls > 0) t += w.tp_calls * s.intra_latency_s + w.tp_bytes / nvl;
+  if (w.ep_calls > 0 && ep > 1) {
+    // EP group: ep GPUs, `tp` apart; k of them share a node. Bytes to peers on the same
+    // node go over NVLink, the rest over the NIC, in parallel.
+    int k = std::clamp(gpus_per_node / std::max(tp, 1), 1, ep);
+    double intra = w.ep_bytes * (k - 1) / (ep - 1), inter = w.ep_bytes * (ep - k) / (ep - 1);
+    double alpha = k == ep ? s.intra_latency_s : s.inter_latency_s;
+    t += w.ep_calls * alpha + std::max(intra / nvl, inter / nic);
+  }
+  return t;
+}
+
+double CostModel::P2PSeconds(double bytes, bool same_node) const {
+  const GpuSpec& s = spec_;
+  if (same_node) return s.intra_latency_s + bytes / (s.nvlink_bw * s.nvlink_efficiency);
+  return s.inter_latency_s + bytes / (s.nic_bw * s.nic_efficiency);
+}
+
+double CostModel::CollectiveSeconds(OpKind kind, double bytes, int n, int per_node,
+                                    int nodes) const {
+  if (n <= 1) return 0;
+  const GpuSpec& s = spec_;
+  double factor = (kind == OpKind::kAllReduce ? 2.0 : 1.0) * (n - 1) / n;
+  double nvl = s.nvlink_bw * s.nvlink_efficiency;
+  double bw = nodes <= 1 ? nvl : std::min(nvl, per_node * s.nic_bw * s.nic_efficiency);
+  double alpha = nodes <= 1 ? s.intra_latency_s : s.inter_latency_s;
+  return alpha + factor * bytes / bw;
+}
+
+std::vector<double> CostModel::Durations(const Table& t) const {
+  std::vector<double> d(t.size(), 0.0);
+  if (unit_) {
+    for (OpId i = 0; i < t.size(); ++i) {
+      switch (t.kind(i)) {
+        case OpKind::kF:
+          d[i] = 1;
+          break;
+        case OpKind::kB:
+          d[i] = 2;
+          break;
+        case OpKind::kI:
+        case OpKind::kW:
+        case OpKind::kRecompute:
+          d[i] = 1;
+          break;
+        default:
+          break;
+      }
+    }
+    return d;
+  }
+  const PlanMeta& m = t.meta();
+  const auto& ranks = t.ranks();
+  // Per group: members, most members on one node, nodes spanned.
+  std::vector<std::array<int, 3>> groups(t.num_groups());
+  for (int32_t g = 0; g < t.num_groups(); ++g) {
+    std::map<int, int> per_node;
+    for (int32_t r : t.group(g)) ++per_node[ranks[r].node];
+    int most = 0;
+    for (auto& [node, count] : per_node) most = std::max(most, count);
+    groups[g] = {static_cast<int>(t.group(g).size()), most, static_cast<int>(per_node.size())};
+  }
+  std::vector<double> compute_cache(t.works().size(), -1.0);
+  for (OpId i = 0; i < t.size(); ++i) {
+    const OpKind k = t.kind(i);
+    const Work& w = t.work(i);
+    const RankInfo& r = ranks[t.rank(i)];
+    if (IsP2P(k)) {
+      d[i] = P2PSeconds(w.payload_bytes, ranks[t.peer(i)].node == r.node);
+    } else if (IsCollective(k)) {
+      auto [n, most, nodes] = groups[t.peer(i)];
+      d[i] = CollectiveSeconds(k, w.payload_bytes, n, most, nodes);
+    } else {
+      double& c = compute_cache[t.work_id(i)];
+      if (c < 0) c = ComputeSeconds(w, r.gpus, m.tp, m.ep, m.gpus_per_node);
+      d[i] = c;
+    }
+  }
+  return d;
+}
+
+}  // namespace pipeplan

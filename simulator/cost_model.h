@@ -1,0 +1,41 @@
+// Cost model: op work -> seconds.
+//   compute    = GEMM FLOPs / GPUs / (peak x GEMM efficiency)
+//                + attention FLOPs / GPUs / (peak x attention efficiency)
+//                + memory-bound kernel bytes / (HBM bw x efficiency)
+//                + kernels x launch + folded TP (intra-node) and MoE all-to-all time
+//                (the kernels of a layer run one after another; each class at its roofline)
+//   SEND/RECV  = alpha(tier) + payload / bw(tier), tier = same node (NVLink) or not (NIC)
+//   collective = alpha(tier) + bus factor x payload / bw, bus factors as nccl-tests
+//                (all-reduce 2(n-1)/n, others (n-1)/n); across nodes the bandwidth is that
+//                of the NICs of the group's GPUs on one node (k x NIC), capped by NVLink.
+// `unit` model: F = 1, B = 2, I = W = RECOMPUTE = 1, everything else 0 (schedule checks).
+#pragma once
+
+#include <vector>
+
+#include "core/table.h"
+#include "simulator/hardware.h"
+
+namespace pipeplan {
+
+class CostModel {
+ public:
+  static CostModel Unit();
+  static CostModel Real(const GpuSpec& spec);
+
+  bool unit() const { return unit_; }
+  const GpuSpec& spec() const { return spec_; }
+  // Seconds for every op of the table.
+  std::vector<double> Durations(const Table& t) const;
+
+  double ComputeSeconds(const Work& w, int gpus, int tp, int ep, int gpus_per_node) const;
+  double P2PSeconds(double bytes, bool same_node) const;
+  // n: group members; per_node: most members on one node; nodes: nodes spanned.
+  double CollectiveSeconds(OpKind kind, double bytes, int n, int per_node, int nodes) const;
+
+ private:
+  bool unit_ = false;
+  GpuSpec spec_;
+};
+
+}  // namespace pipeplan

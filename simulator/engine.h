@@ -1,0 +1,38 @@
+// Discrete-event engine over an operator table.
+//
+// Semantics (the executor implements the same):
+// - Each rank has a compute stream (compute ops and SEND/RECV) and a collective stream.
+//   Ops of one stream run in sequence order, one at a time.
+// - An op starts when the previous op of its stream has ended and all its explicit
+//   dependencies have ended.
+// - A maximal run of consecutive SEND/RECV ops on a rank is posted at once (batched p2p,
+//   as Megatron's send_forward_recv_backward). A SEND and its RECV start together when
+//   both are posted and end together; the op after the run waits for all of it.
+// - A collective starts when every member rank has posted it (stream ready, deps ended).
+// Since there is no contention beyond stream order, start times are the longest paths of
+// this constraint graph; the engine computes them in one worklist pass, O(ops + deps).
+// If ops remain that can never start, that is a deadlock: it is reported with the op
+// each blocked rank waits on, in string form.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/table.h"
+#include "core/timeline.h"
+
+namespace pipeplan {
+
+struct EngineResult {
+  Timeline timeline;
+};
+
+// durations: seconds per op (CostModel::Durations, or zeros for a progress check).
+StatusOr<Timeline> Simulate(const Table& t, const std::vector<double>& durations);
+
+// Critical path: from the op that ends last, back through the constraint that set each
+// start. Returns op ids in time order.
+std::vector<OpId> CriticalPath(const Table& t, const Timeline& tl);
+
+}  // namespace pipeplan

@@ -1,0 +1,53 @@
+// Memory per rank (per GPU of the rank): static (weights, gradients, optimizer states by
+// ZeRO stage) plus activations per module, with lifetimes from the timeline: an op's
+// mem_delta_bytes applies when it ends.
+#pragma once
+
+#include <array>
+#include <vector>
+
+#include "core/chrome_trace.h"
+#include "core/table.h"
+#include "core/timeline.h"
+
+namespace pipeplan {
+
+struct MemoryOptions {
+  int zero_stage = 1;        // 0: none; 1: optimizer states sharded over DP; 2: + gradients
+  double reserve_bytes = 0;  // communication buffers and allocator slack, bytes
+  double hbm_bytes = 0;      // capacity per GPU, bytes (OOM threshold)
+};
+
+// Categories of the memory curve (Chrome trace counters use these names).
+enum MemCat {
+  kWeights = 0,
+  kGrads,
+  kOptimizer,
+  kReserve,
+  kActText,
+  kActVision,
+  kActGenerator,
+  kNumMemCats
+};
+const char* MemCatName(int cat);
+
+struct MemorySample {
+  double time_s;
+  std::array<double, kNumMemCats> bytes;
+};
+
+struct RankMemory {
+  std::array<double, kNumMemCats> peak_by_cat{};  // each category's own peak, bytes
+  double peak_bytes = 0;                          // peak of the total, bytes
+  double peak_time_s = 0;
+  bool oom = false;
+  std::vector<MemorySample> curve;  // one sample per change (if requested)
+};
+
+std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const MemoryOptions& o,
+                                      bool with_curves);
+
+// Memory curves as Chrome-trace counter tracks ("memory GiB": one key per category + total).
+std::vector<CounterTrack> MemoryCounters(const std::vector<RankMemory>& memory);
+
+}  // namespace pipeplan

@@ -1,0 +1,133 @@
+#include "simulator/metrics.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "simulator/engine.h"
+
+namespace pipeplan {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+bool IsBusy(OpKind k) {
+  return IsCompute(k);
+}
+
+int ModuleOfCat(int cat) {
+  return cat == kActVision ? 1 : cat == kActGenerator ? 2 : 0;
+}
+
+}  // namespace
+
+StatusOr<SimResult> RunSimulation(const Table& t, const SimOptions& o) {
+  SimResult r;
+  r.durations = o.cost.Durations(t);
+  ASSIGN_OR_RETURN(r.timeline, Simulate(t, r.durations));
+  r.memory = ComputeMemory(t, r.timeline, o.memory, o.memory_curves);
+  r.metrics = ComputeMetrics(t, r.timeline, r.durations, r.memory, o.cost, o.memory.hbm_bytes);
+  return r;
+}
+
+Metrics ComputeMetrics(const Table& t, const Timeline& tl, const std::vector<double>& dur,
+                       const std::vector<RankMemory>& memory, const CostModel& cost,
+                       double hbm_bytes) {
+  Metrics m;
+  m.ops = t.size();
+  m.step_time_s = tl.Makespan();
+  m.hbm_bytes = hbm_bytes;
+  double busy_total = 0;
+  for (int32_t r = 0; r < t.num_ranks(); ++r) {
+    RankMetrics rm;
+    rm.rank = r, rm.pp = t.ranks()[r].pp, rm.dp = t.ranks()[r].dp;
+    m.world_gpus += t.ranks()[r].gpus;
+    for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) {
+      if (IsBusy(t.kind(i))) rm.busy_s += dur[i];
+      m.model_flops += t.work(i).model_flops;
+    }
+    rm.idle_s = std::max(0.0, m.step_time_s - rm.busy_s);
+    rm.bubble_fraction = m.step_time_s > 0 ? rm.idle_s / m.step_time_s : 0;
+    if (r < static_cast<int32_t>(memory.size())) {
+      const RankMemory& mem = memory[r];
+      rm.peak_memory_bytes = mem.peak_bytes;
+      for (int c = kActText; c <= kActGenerator; ++c)
+        rm.peak_by_module[ModuleOfCat(c)] = mem.peak_by_cat[c];
+      rm.oom = mem.oom;
+    }
+    busy_total += rm.busy_s;
+    m.peak_memory_bytes = std::max(m.peak_memory_bytes, rm.peak_memory_bytes);
+    m.oom = m.oom || rm.oom;
+    m.ranks.push_back(rm);
+  }
+  if (m.step_time_s > 0) {
+    m.bubble_fraction = 1 - busy_total / (t.num_ranks() * m.step_time_s);
+    m.tokens_per_s = t.meta().tokens_per_step / m.step_time_s;
+    m.samples_per_s = t.meta().samples_per_step / m.step_time_s;
+    if (!cost.unit())
+      m.mfu = m.model_flops / (m.step_time_s * m.world_gpus * cost.spec().bf16_flops);
+  }
+  for (OpId i : CriticalPath(t, tl)) m.critical_path.push_back(t.str(i));
+  return m;
+}
+
+nlohmann::json MetricsJson(const Metrics& m) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const RankMetrics& r : m.ranks) {
+    nlohmann::json by_module;
+    for (int k = 0; k < 3; ++k)
+      by_module[std::string(ModuleName(static_cast<Module>(k)))] = r.peak_by_module[k];
+    ranks.push_back({{"rank", r.rank},
+                     {"pp", r.pp},
+                     {"dp", r.dp},
+                     {"busy_s", r.busy_s},
+                     {"idle_s", r.idle_s},
+                     {"bubble_fraction", r.bubble_fraction},
+                     {"peak_memory_bytes", r.peak_memory_bytes},
+                     {"peak_memory_by_module", by_module},
+                     {"oom", r.oom}});
+  }
+  return {{"step_time_s", m.step_time_s},
+          {"bubble_fraction", m.bubble_fraction},
+          {"mfu", m.mfu},
+          {"model_flops", m.model_flops},
+          {"tokens_per_s", m.tokens_per_s},
+          {"samples_per_s", m.samples_per_s},
+          {"peak_memory_bytes", m.peak_memory_bytes},
+          {"hbm_bytes", m.hbm_bytes},
+          {"oom", m.oom},
+          {"ops", m.ops},
+          {"gpus", m.world_gpus},
+          {"ranks", ranks},
+          {"critical_path", m.critical_path}};
+}
+
+std::string MetricsText(const Metrics& m) {
+  std::string s;
+  s += fmt::format("step time        {:.6g} s\n", m.step_time_s);
+  s += fmt::format("bubble fraction  {:.2f} %\n", 100 * m.bubble_fraction);
+  s += fmt::format("MFU              {:.2f} %\n", 100 * m.mfu);
+  s += fmt::format("throughput       {:.6g} tokens/s, {:.6g} samples/s\n", m.tokens_per_s,
+                   m.samples_per_s);
+  s += fmt::format("peak memory      {:.2f} GiB per GPU of {:.2f} GiB{}\n",
+                   m.peak_memory_bytes / kGiB, m.hbm_bytes / kGiB,
+                   m.oom ? "  ** OUT OF MEMORY **" : "");
+  s += fmt::format("ops              {}  ({} GPUs)\n", m.ops, m.world_gpus);
+  s += fmt::format("critical path    {} ops", m.critical_path.size());
+  if (!m.critical_path.empty())
+    s += fmt::format(": {} ... {}", m.critical_path.front(), m.critical_path.back());
+  s += "\n\n";
+  s += fmt::format("{:>6} {:>4} {:>4} {:>12} {:>12} {:>8} {:>12} {:>12} {:>4}\n", "rank", "pp",
+                   "dp", "busy s", "idle s", "bubble%", "peak GiB", "act GiB", "oom");
+  // Large plans: one row per pipeline stage of replica 0, plus any OOM rank.
+  for (const RankMetrics& r : m.ranks) {
+    if (r.dp != 0 && !r.oom) continue;
+    double act = r.peak_by_module[0] + r.peak_by_module[1] + r.peak_by_module[2];
+    s += fmt::format("{:>6} {:>4} {:>4} {:>12.6g} {:>12.6g} {:>8.2f} {:>12.2f} {:>12.2f} {:>4}\n",
+                     r.rank, r.pp, r.dp, r.busy_s, r.idle_s, 100 * r.bubble_fraction,
+                     r.peak_memory_bytes / kGiB, act / kGiB, r.oom ? "yes" : "");
+  }
+  return s;
+}
+
+}  // namespace pipeplan

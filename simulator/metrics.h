@@ -1,0 +1,63 @@
+// Metrics of one simulated (or measured) step, and the one-call simulation driver.
+#pragma once
+
+#include <array>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/table.h"
+#include "core/timeline.h"
+#include "simulator/cost_model.h"
+#include "simulator/memory.h"
+
+namespace pipeplan {
+
+struct RankMetrics {
+  int32_t rank = 0, pp = 0, dp = 0;
+  double busy_s = 0;             // compute time (F/B/I/W/recompute/optimizer), s
+  double idle_s = 0;             // step time - busy, s (waiting and communication)
+  double bubble_fraction = 0;    // idle / step time
+  double peak_memory_bytes = 0;  // per GPU
+  std::array<double, kNumModules> peak_by_module{};  // activation peak per module, bytes
+  bool oom = false;
+};
+
+struct Metrics {
+  double step_time_s = 0;
+  double bubble_fraction = 0;  // 1 - sum(busy) / (ranks x step time)
+  double mfu = 0;              // model FLOPs / (step time x GPUs x peak bf16)
+  double model_flops = 0;      // per step, all GPUs
+  double tokens_per_s = 0;
+  double samples_per_s = 0;
+  double peak_memory_bytes = 0;  // max over ranks, per GPU
+  double hbm_bytes = 0;          // capacity per GPU
+  bool oom = false;
+  size_t ops = 0;
+  int world_gpus = 0;
+  std::vector<RankMetrics> ranks;
+  std::vector<std::string> critical_path;  // op strings, in time order
+};
+
+struct SimOptions {
+  CostModel cost = CostModel::Unit();
+  MemoryOptions memory;
+  bool memory_curves = false;  // keep per-rank curves (for traces)
+};
+
+struct SimResult {
+  std::vector<double> durations;
+  Timeline timeline;
+  std::vector<RankMemory> memory;
+  Metrics metrics;
+};
+
+StatusOr<SimResult> RunSimulation(const Table& t, const SimOptions& o);
+
+Metrics ComputeMetrics(const Table& t, const Timeline& tl, const std::vector<double>& durations,
+                       const std::vector<RankMemory>& memory, const CostModel& cost,
+                       double hbm_bytes);
+nlohmann::json MetricsJson(const Metrics& m);
+std::string MetricsText(const Metrics& m);  // human-readable table with units
+
+}  // namespace pipeplan
