@@ -162,6 +162,7 @@ class MapReader {
       size_t best = std::max<size_t>(2, key.size() / 3) + 1;
       for (const std::string& k : known_) {
         size_t d = EditDistance(key, k);
+        if (k.rfind(key, 0) == 0 || key.rfind(k, 0) == 0) d = std::min<size_t>(d, 1);  // prefix
         if (d < best) best = d, hint = fmt::format(" (did you mean '{}'?)", k);
       }
       return ctx_->Fail(it->first, Path(key), fmt::format("unknown key '{}'{}", Path(key), hint));

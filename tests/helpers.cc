@@ -1,0 +1,143 @@
+#include "helpers.h"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+#include "planner/lower.h"
+#include "planner/plan.h"
+
+namespace pipeplan::test {
+
+Config ParseYaml(const std::string& yaml, std::vector<std::string> sets) {
+  auto doc = YamlDoc::FromString("test.yaml", yaml);
+  REQUIRE_MESSAGE(doc.ok(), doc.status().message());
+  for (auto& s : sets) REQUIRE(doc->ApplySet(s).ok());
+  auto c = ParseConfig(std::move(*doc));
+  REQUIRE_MESSAGE(c.ok(), c.status().message());
+  return std::move(c).value();
+}
+
+Config SmallConfig(PipelineKind kind, int pp, int vp, int m, int dp,
+                   std::vector<std::string> sets) {
+  const char* names[] = {"gpipe", "1f1b", "interleaved-1f1b"};
+  std::string yaml = fmt::format(R"(
+cluster: {{gpu: H100, nodes: 1, gpus_per_node: {}}}
+model:
+  llm: {{layers: {}, hidden: 256, ffn: 1024, heads: 4, vocab: 1000}}
+parallelism: {{tp: 1, pp: {}, vp: {}}}
+training: {{seq_length: 128, micro_batch_size: 1, microbatches: {}}}
+schedule: {{pipeline: {}}}
+)",
+                                 pp * dp, 2 * pp * vp, pp, vp, m, names[static_cast<int>(kind)]);
+  return ParseYaml(yaml, std::move(sets));
+}
+
+Table Plan(const Config& c) {
+  auto t = BuildPlan(c);
+  REQUIRE_MESSAGE(t.ok(), t.status().message());
+  return std::move(t).value();
+}
+
+Table TableFromOps(const std::vector<std::vector<std::string>>& ranks, int pp, int vp, int m,
+                   std::vector<std::vector<int32_t>> groups) {
+  std::vector<RankInfo> infos(ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r)
+    infos[r].dp = static_cast<int32_t>(r) / pp, infos[r].pp = static_cast<int32_t>(r) % pp;
+  TableBuilder b(infos);
+  for (auto& g : groups) b.AddGroup(g);
+  Work f, bw, p2p;
+  f.flops = 1, f.mem_delta_bytes = 1;
+  bw.flops = 2, bw.mem_delta_bytes = -1;
+  p2p.payload_bytes = 1;
+  WorkId wf = b.AddWork(f), wb = b.AddWork(bw), wp = b.AddWork(p2p);
+  // (sender, receiver, is_backward, mb) -> queue of handles
+  std::map<std::tuple<int, int, bool, int>, std::vector<TableBuilder::Handle>> sends, recvs;
+  uint32_t next_tag = 1;
+  for (auto& seq : ranks) {
+    for (auto& s : seq) {
+      auto key = ParseOp(s);
+      REQUIRE_MESSAGE(key.ok(), key.status().message());
+      OpKind k = key->kind;
+      WorkId w = k == OpKind::kF ? wf : k == OpKind::kB ? wb : wp;
+      uint32_t tag = IsCollective(k) ? CollectiveTag(k, key->module, key->chunk) : 0;
+      auto h = b.AddAndAppend(*key, w, tag);
+      bool bwd = k == OpKind::kSendB || k == OpKind::kRecvB;
+      if (IsSend(k)) sends[{key->rank, key->peer, bwd, key->mb}].push_back(h);
+      if (IsRecv(k)) recvs[{key->peer, key->rank, bwd, key->mb}].push_back(h);
+    }
+  }
+  // Pair in order of appearance; the pair's tag is set after Finish.
+  std::vector<std::pair<TableBuilder::Handle, TableBuilder::Handle>> pairs;
+  for (auto& [key, ss] : sends) {
+    auto& rs = recvs[key];
+    for (size_t i = 0; i < std::min(ss.size(), rs.size()); ++i) pairs.push_back({rs[i], ss[i]});
+  }
+  for (auto& [rv, sd] : pairs) b.AddDep(rv, sd);
+  PlanMeta meta;
+  meta.pp = pp, meta.vp = vp, meta.dp = static_cast<int32_t>(ranks.size()) / pp,
+  meta.microbatches = m;
+  auto t = b.Finish(meta);
+  REQUIRE_MESSAGE(t.ok(), t.status().message());
+  Table out = std::move(t).value();
+  TableColumns cols(&out);
+  for (OpId i = 0; i < out.size(); ++i)
+    if (IsRecv(out.kind(i)) && !out.deps(i).empty())
+      cols.tag()[i] = cols.tag()[out.deps(i)[0]] = next_tag++;
+  return out;
+}
+
+Table WithDep(const Table& t, OpId op, OpId on) {
+  Table out = t;
+  auto& deps = out.mutable_deps();
+  auto& begin = out.mutable_dep_begin();
+  deps.insert(deps.begin() + begin[op + 1], on);
+  for (size_t i = op + 1; i < begin.size(); ++i) ++begin[i];
+  return out;
+}
+
+OpId Find(const Table& t, const std::string& op) {
+  for (OpId i = 0; i < t.size(); ++i)
+    if (t.str(i) == op) return i;
+  FAIL("op not found: " << op);
+  return 0;
+}
+
+RunResult RunCli(const std::string& args) {
+  std::string cmd = fmt::format("{} {} 2>&1", PIPEPLAN_BIN, args);
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string TempDir() {
+  char tmpl[] = "/tmp/pipeplan_test_XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  return tmpl;
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace pipeplan::test

@@ -1,0 +1,37 @@
+// Test helpers: configs from inline YAML, tables written op by op, running the CLI.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/table.h"
+#include "planner/config.h"
+
+namespace pipeplan::test {
+
+// A small text-only config: `pp` stages, `vp` chunks, `m` micro-batches, dp replicas,
+// tp = 1, one GPU per rank, 2 layers per chunk. `sets` are applied like --set.
+Config SmallConfig(PipelineKind kind, int pp, int vp, int m, int dp = 1,
+                   std::vector<std::string> sets = {});
+Config ParseYaml(const std::string& yaml, std::vector<std::string> sets = {});
+Table Plan(const Config& c);
+
+// Builds a table from per-rank op strings. SEND/RECV are paired in order of appearance by
+// (sender, receiver, direction, micro-batch); collectives get CollectiveTag(kind, chunk).
+// F/B ops get 1 unit of work; groups are given as member lists.
+Table TableFromOps(const std::vector<std::vector<std::string>>& ranks, int pp, int vp, int m,
+                   std::vector<std::vector<int32_t>> groups = {});
+// Returns the table with an extra dependency op -> on.
+Table WithDep(const Table& t, OpId op, OpId on);
+OpId Find(const Table& t, const std::string& op);
+
+struct RunResult {
+  int exit_code;
+  std::string out;  // stdout + stderr
+};
+RunResult RunCli(const std::string& args);
+std::string TempDir();
+std::string Slurp(const std::string& path);
+bool Exists(const std::string& path);
+
+}  // namespace pipeplan::test

@@ -1,0 +1,149 @@
+#include <doctest/doctest.h>
+
+#include "helpers.h"
+#include "planner/config.h"
+
+using namespace pipeplan;
+using namespace pipeplan::test;
+
+namespace {
+
+const char* kBase = R"(cluster:
+  gpu: H100
+  nodes: 1
+  gpus_per_node: 8
+model:
+  llm:
+    layers: 8
+    hidden: 256
+    ffn: 1024
+    heads: 4
+    vocab: 1000
+parallelism:
+  tp: 2
+  pp: 4
+training:
+  seq_length: 128
+  microbatches: 4
+)";
+
+std::string Error(const std::string& yaml, std::vector<std::string> sets = {}) {
+  auto doc = YamlDoc::FromString("cfg.yaml", yaml);
+  if (!doc.ok()) return doc.status().message();
+  for (auto& s : sets)
+    if (Status st = doc->ApplySet(s); !st.ok()) return st.message();
+  auto c = ParseConfig(std::move(*doc));
+  REQUIRE(!c.ok());
+  CHECK(c.status().code() == ErrorCode::kInvalidInput);
+  return c.status().message();
+}
+
+std::string Replace(std::string s, const std::string& from, const std::string& to) {
+  size_t at = s.find(from);
+  REQUIRE(at != std::string::npos);
+  return s.replace(at, from.size(), to);
+}
+
+}  // namespace
+
+TEST_CASE("a valid config derives dp and micro-batches") {
+  Config c = ParseYaml(kBase);
+  CHECK(c.parallel.dp == 1);
+  CHECK(c.training.microbatches == 4);
+  CHECK(c.training.global_batch_size == 4);
+  Config g = ParseYaml(
+      Replace(kBase, "  microbatches: 4", "  global_batch_size: 16\n  micro_batch_size: 2"),
+      {"cluster.nodes=4"});
+  CHECK(g.parallel.dp == 4);
+  CHECK(g.training.microbatches == 2);  // 16 / (2 x 4)
+}
+
+TEST_CASE("Megatron long names are aliases") {
+  Config c = ParseYaml(Replace(Replace(kBase, "  tp: 2", "  tensor_model_parallel_size: 2"),
+                               "  pp: 4", "  pipeline_model_parallel_size: 4"));
+  CHECK(c.parallel.tp == 2);
+  CHECK(c.parallel.pp == 4);
+  CHECK(Error(Replace(kBase, "  tp: 2", "  tp: 2\n  tensor_model_parallel_size: 2")) ==
+        "cfg.yaml:14:3: 'tp' and 'tensor_model_parallel_size' set the same value\n"
+        "    tensor_model_parallel_size: 2\n"
+        "    ^");
+}
+
+TEST_CASE("unknown key names the file, line, column and a suggestion") {
+  CHECK(Error(Replace(kBase, "  microbatches: 4", "  microbatchs: 4")) ==
+        "cfg.yaml:17:3: unknown key 'training.microbatchs' (did you mean 'microbatches'?)\n"
+        "    microbatchs: 4\n"
+        "    ^");
+  CHECK(Error(std::string(kBase) + "extra: 1\n") ==
+        "cfg.yaml:18:1: unknown key 'extra'\n  extra: 1\n  ^");
+}
+
+TEST_CASE("wrong type, bad enum, missing key") {
+  CHECK(Error(Replace(kBase, "  pp: 4", "  pp: four")) ==
+        "cfg.yaml:14:7: 'parallelism.pp' must be an integer, got 'four'\n    pp: four\n        ^");
+  CHECK(Error(std::string(kBase) + "schedule:\n  pipeline: 2f2b\n") ==
+        "cfg.yaml:19:13: bad value '2f2b' for 'schedule.pipeline' (expected one of: gpipe, 1f1b, "
+        "interleaved-1f1b)\n    pipeline: 2f2b\n              ^");
+  CHECK(Error(Replace(kBase, "    hidden: 256\n", "")) ==
+        "cfg.yaml:7:5: missing required key 'model.llm.hidden'\n      layers: 8\n      ^");
+  CHECK(Error(Replace(kBase, "  pp: 4", "  pp: 0")) ==
+        "cfg.yaml:14:7: 'parallelism.pp' must be >= 1, got 0\n    pp: 0\n        ^");
+}
+
+TEST_CASE("inconsistent parallelism points at the key to change") {
+  CHECK(Error(Replace(kBase, "    layers: 8", "    layers: 10")) ==
+        "cfg.yaml:7:13: 10 layers cannot be split into pp*vp = 4 equal chunks\n      layers: 10\n  "
+        "            ^");
+  CHECK(Error(Replace(kBase, "  pp: 4", "  pp: 3")) ==
+        "cfg.yaml:14:7: world size 8 GPUs (1 nodes x 8) is not divisible by tp*pp*cp = 6\n    pp: "
+        "3\n        ^");
+  std::string inter =
+      Replace(kBase, "  pp: 4", "  pp: 4\n  vp: 2") + "schedule:\n  pipeline: interleaved-1f1b\n";
+  // PyTorch's rounds rule: rounds = max(1, m / pp) must divide m (m = 6 is fine: 1 round).
+  CHECK(Error(Replace(inter, "  microbatches: 4", "  microbatches: 9")) ==
+        "cfg.yaml:18:17: 9 micro-batches per replica is not a multiple of the 2 rounds of pp = 4 "
+        "(interleaved-1f1b)\n    microbatches: 9\n                  ^");
+  CHECK(Error(Replace(inter, "  microbatches: 4", "  microbatches: 2")) ==
+        "cfg.yaml:18:17: interleaved-1f1b needs at least pp = 4 micro-batches per replica, got 2\n"
+        "    microbatches: 2\n                  ^");
+  CHECK(
+      Error(Replace(kBase, "  microbatches: 4", "  global_batch_size: 6\n  micro_batch_size: 4")) ==
+      "cfg.yaml:17:22: global_batch_size 6 is not divisible by micro_batch_size*dp = 4*1\n"
+      "    global_batch_size: 6\n                       ^");
+}
+
+TEST_CASE("--set overrides any key, and its errors name the --set") {
+  Config c =
+      ParseYaml(kBase, {"parallelism.pp=2", "model.llm.layers=4", "training.recompute=full"});
+  CHECK(c.parallel.pp == 2);
+  CHECK(c.parallel.dp == 2);
+  CHECK(c.training.recompute == Recompute::kFull);
+  CHECK(Error(kBase, {"parallelism.ppp=2"}) ==
+        "--set parallelism.ppp=2: unknown key 'parallelism.ppp' (did you mean 'pp'?)");
+  CHECK(Error(kBase, {"training.recompute=sometimes"}) ==
+        "--set training.recompute=sometimes: bad value 'sometimes' for 'training.recompute' "
+        "(expected one of: "
+        "none, selective, full)");
+  CHECK(Error(kBase, {"nonsense"}) == "--set nonsense: expected KEY.PATH=VALUE");
+}
+
+TEST_CASE("unreadable file and YAML syntax errors") {
+  auto missing = LoadConfig("/nonexistent/x.yaml");
+  CHECK(missing.status().code() == ErrorCode::kInvalidInput);
+  CHECK(missing.status().message() ==
+        "/nonexistent/x.yaml: cannot read file: No such file or directory");
+  CHECK(Error("cluster: [1, 2\n").rfind("cfg.yaml:2:1: YAML syntax error: ", 0) == 0);
+}
+
+TEST_CASE("hardware overrides apply to the catalog entry") {
+  Config c = ParseYaml(
+      Replace(kBase, "  gpus_per_node: 8", "  gpus_per_node: 8\n  hardware: {hbm_bytes: 1e9}"));
+  CHECK(c.cluster.spec.hbm_bytes == 1e9);
+  CHECK(c.cluster.spec.bf16_flops == 989e12);
+  CHECK(Error(Replace(kBase, "  gpus_per_node: 8", "  gpus_per_node: 8\n  hardware: {hbm: 1}"))
+            .rfind("cfg.yaml:5:14: unknown key 'cluster.hardware.hbm' (did you mean 'hbm_bw'?)",
+                   0) == 0);
+  CHECK(Error(Replace(kBase, "gpu: H100", "gpu: V100"))
+            .rfind("cfg.yaml:2:8: unknown GPU 'V100' (catalog: H100, H200, H800, H20, A100)", 0) ==
+        0);
+}

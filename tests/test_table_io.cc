@@ -1,0 +1,41 @@
+#include <doctest/doctest.h>
+
+#include "core/table_io.h"
+#include "helpers.h"
+
+using namespace pipeplan;
+using namespace pipeplan::test;
+
+TEST_CASE("protobuf and JSON round-trips give an equal table") {
+  Table t = Plan(SmallConfig(PipelineKind::kInterleaved1F1B, 2, 2, 4, 2));
+  REQUIRE(t.size() > 0);
+  auto pb = ParsePb(SerializePb(t));
+  REQUIRE_MESSAGE(pb.ok(), pb.status().message());
+  CHECK(*pb == t);
+  auto js = FromJson(ToJson(t));
+  REQUIRE_MESSAGE(js.ok(), js.status().message());
+  CHECK(*js == t);
+  CHECK(SerializePb(*js) == SerializePb(t));
+}
+
+TEST_CASE("torch CSV lists compute actions per rank in order, stage = chunk * pp + rank") {
+  Table t = Plan(SmallConfig(PipelineKind::kInterleaved1F1B, 2, 2, 4));
+  // Rank 1's order (see test_schedules): F0.0 F0.1 F1.0 B1.0 ... -> stages 1, 1, 3, 3, ...
+  std::string csv = ToTorchCsv(t);
+  CHECK(csv ==
+        "0F0,0F1,2F0,2F1,0F2,2B0,0F3,2B1,2F2,0B0,2F3,0B1,2B2,2B3,0B2,0B3\n"
+        "1F0,1F1,3F0,3B0,3F1,3B1,1F2,1B0,1F3,1B1,3F2,3B2,3F3,3B3,1B2,1B3\n");
+}
+
+TEST_CASE("corrupt plan files are rejected, not crashed on") {
+  Table t = Plan(SmallConfig(PipelineKind::k1F1B, 2, 1, 2));
+  std::string pb = SerializePb(t);
+  CHECK(!ParsePb(pb.substr(0, pb.size() / 2)).ok());
+  CHECK(!ParsePb("garbage").ok());
+  CHECK(!FromJson("{\"format_version\": 1}").ok());
+  std::string js = ToJson(t);
+  size_t at = js.find("\"r1 ");
+  REQUIRE(at != std::string::npos);
+  js.replace(at, 4, "\"r9 ");  // a rank that does not exist
+  CHECK(!FromJson(js).ok());
+}

@@ -1,0 +1,89 @@
+#include <doctest/doctest.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/chrome_trace.h"
+#include "helpers.h"
+#include "planner/plan.h"
+
+using namespace pipeplan;
+using namespace pipeplan::test;
+using nlohmann::json;
+
+TEST_CASE(
+    "Chrome trace: valid JSON, named processes, paired flows, nested slices, memory counters") {
+  Config c = SmallConfig(PipelineKind::kInterleaved1F1B, 2, 2, 4, 2);
+  Table t = Plan(c);
+  SimOptions o = SimOptionsFor(c, false);
+  o.memory_curves = true;
+  auto r = RunSimulation(t, o);
+  REQUIRE(r.ok());
+  TraceOptions to;
+  to.source = "simulated";
+  to.predicted_s = &r->durations;
+  json j = json::parse(ChromeTrace(t, r->timeline, MemoryCounters(r->memory), to));
+
+  REQUIRE(j.contains("traceEvents"));
+  CHECK(j["otherData"]["tool"] == "pipeplan");
+  CHECK(j["otherData"]["config"].get<std::string>().find("pipeline: interleaved-1f1b") !=
+        std::string::npos);
+  std::map<int, int> tid_pid;
+  std::map<std::pair<int, int>, std::vector<std::pair<double, double>>> slices;
+  std::map<long, int> flow_s, flow_f;
+  std::set<int> named_pids;
+  int counters = 0, complete = 0;
+  for (const json& e : j["traceEvents"]) {
+    std::string ph = e["ph"];
+    if (e.contains("ts")) CHECK(e["ts"].get<double>() >= 0);
+    if (ph == "M" && e["name"] == "process_name") named_pids.insert(e["pid"].get<int>());
+    if (ph == "X") {
+      ++complete;
+      CHECK(e["dur"].get<double>() >= 0);
+      CHECK(e.contains("name"));
+      CHECK(e["args"].contains("module"));
+      CHECK(e["args"].contains("predicted_us"));
+      int tid = e["tid"], pid = e["pid"];
+      if (tid_pid.count(tid)) CHECK(tid_pid[tid] == pid);  // tids unique across the file
+      tid_pid[tid] = pid;
+      slices[{pid, tid}].push_back(
+          {e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()});
+    }
+    if (ph == "s") ++flow_s[e["id"].get<long>()];
+    if (ph == "f") {
+      ++flow_f[e["id"].get<long>()];
+      CHECK(e["bp"] == "e");
+    }
+    if (ph == "C") {
+      ++counters;
+      CHECK(e["args"].contains("act_text"));
+      CHECK(e["args"].contains("total"));
+    }
+  }
+  CHECK(complete == static_cast<int>(t.size()));
+  CHECK(named_pids.size() == static_cast<size_t>(t.num_ranks()));
+  CHECK(counters > 0);
+  // Every SEND/RECV pair is one arrow.
+  size_t pairs = 0;
+  for (OpId i = 0; i < t.size(); ++i) pairs += IsRecv(t.kind(i));
+  CHECK(flow_s.size() == pairs);
+  CHECK(flow_s == flow_f);
+  // Slices on one thread never partially overlap (they are sequential here).
+  for (auto& [key, v] : slices) {
+    std::sort(v.begin(), v.end());
+    for (size_t i = 1; i < v.size(); ++i) CHECK(v[i].first >= v[i - 1].second - 1e-6);
+  }
+}
+
+TEST_CASE("Chrome trace can be limited to some ranks or replicas") {
+  Config c = SmallConfig(PipelineKind::k1F1B, 2, 1, 2, 2);
+  Table t = Plan(c);
+  auto r = RunSimulation(t, SimOptionsFor(c, true));
+  REQUIRE(r.ok());
+  TraceOptions to;
+  to.dp_replicas = {1};
+  json j = json::parse(ChromeTrace(t, r->timeline, {}, to));
+  for (const json& e : j["traceEvents"])
+    if (e.contains("pid")) CHECK(t.ranks()[e["pid"].get<int>()].dp == 1);
+}
