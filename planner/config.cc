@@ -240,6 +240,10 @@ void ReadModel(MapReader m, ModelConfig* c) {
     v.Int({"heads"}, &vc.heads, 1, true);
     v.Int({"patch"}, &vc.patch, 1);
     v.Int({"merge"}, &vc.merge, 1);
+    v.Enum({"recompute"}, &vc.recompute, kRecomputeNames);
+    v.Bool({"cp"}, &vc.cp);
+    v.Int({"cp_threshold_patches"}, &vc.cp_threshold_patches, 1);
+    v.Int({"cp_max_group"}, &vc.cp_max_group, 1);
     v.Finish();
   }
   if (m.Has({"generator"})) {
@@ -251,6 +255,7 @@ void ReadModel(MapReader m, ModelConfig* c) {
     g.Int({"mlp"}, &gc.mlp, 1, true);
     g.Int({"heads"}, &gc.heads, 1, true);
     g.Int({"latent_patch"}, &gc.latent_patch, 1);
+    g.Enum({"recompute"}, &gc.recompute, kRecomputeNames);
     g.Finish();
   }
   m.Finish();
@@ -284,6 +289,12 @@ void ReadData(MapReader m, DataConfig* c) {
   m.Int({"text_tokens"}, &c->text_tokens, 0);
   m.Int({"images_per_sample"}, &c->images_per_sample, 0);
   m.String({"manifest"}, &c->manifest);
+  if (m.Has({"generate"})) {
+    MapReader gen = m.Sub({"generate"});
+    gen.Int({"height"}, &c->generate_height, 1, true);
+    gen.Int({"width"}, &c->generate_width, 1, true);
+    gen.Finish();
+  }
   if (auto list = m.Find({"images"}, false)) {
     if (!list->IsSequence()) {
       m.ctx()->Fail(*list, "data.images",
@@ -307,6 +318,7 @@ void ReadData(MapReader m, DataConfig* c) {
 void ReadSchedule(MapReader m, ScheduleConfig* c) {
   m.Enum({"pipeline"}, &c->pipeline, kPipelineNames);
   m.Enum({"modality"}, &c->modality, kModalityNames);
+  m.Bool({"decoupled_recompute"}, &c->decoupled_recompute);
   m.Finish();
 }
 
@@ -415,6 +427,15 @@ void CheckConsistency(Config* c, Ctx* ctx) {
     return ctx->FailAt("parallelism.microbatch_group_size_per_vp_stage",
                        fmt::format("group size must be >= pp = {}", p.pp));
   if (t.zero_stage > 2) return ctx->FailAt("training.zero_stage", "zero_stage must be 0, 1 or 2");
+  const bool multimodal = c->model.vision.enabled || c->model.generator.enabled;
+  if (!multimodal && (!c->data.images.empty() || !c->data.manifest.empty() || c->data.images_per_sample > 0))
+    return ctx->FailAt(c->data.manifest.empty() ? "data.images" : "data.manifest", "image data needs model.vision");
+  if (c->model.vision.enabled && c->data.manifest.empty() && (c->data.images.empty() || c->data.images_per_sample == 0))
+    return ctx->FailAt("data", "model.vision needs data.images with data.images_per_sample >= 1, or data.manifest");
+  if (c->model.generator.enabled && c->data.manifest.empty() && c->data.generate_height == 0)
+    return ctx->FailAt("data", "model.generator needs data.generate {height, width}, or data.manifest");
+  if (c->schedule.modality == ModalityPolicy::kDecoupled && c->model.generator.enabled && p.vp > 1)
+    return ctx->FailAt("schedule.modality", "decoupled with a generator runs all LLM forwards first and needs vp = 1");
   if (c->data.text_tokens > t.seq_length * t.micro_batch_size)
     return ctx->FailAt(
         "data.text_tokens",

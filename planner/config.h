@@ -33,17 +33,26 @@ struct LlmConfig {
   MoeConfig moe;
 };
 
+enum class Recompute { kNone, kSelective, kFull };
+
 struct VisionConfig {
   bool enabled = false;
+  Recompute recompute = Recompute::kSelective;  // activations kept for the encoder backward
   int layers = 0, hidden = 0, mlp = 0, heads = 0;
   int patch = 14;  // patch side, pixels
   int merge = 2;   // spatial merge (2 = 2x2 pixel-shuffle -> patches / 4 tokens)
+  // Dynamic context parallelism: images above `cp_threshold_patches` are split along
+  // patches over a sub-group of up to `cp_max_group` GPUs (gather-KV per layer).
+  bool cp = true;
+  int cp_threshold_patches = 16384;
+  int cp_max_group = 8;
 };
 
 struct GeneratorConfig {
   bool enabled = false;
   int layers = 0, hidden = 0, mlp = 0, heads = 0;
   int latent_patch = 16;  // pixels per latent token side (VAE 8x downsampling x 2x2 patchify)
+  Recompute recompute = Recompute::kSelective;
 };
 
 struct ModelConfig {
@@ -56,8 +65,6 @@ struct ParallelConfig {
   int tp = 1, pp = 1, vp = 1, dp = 0, cp = 1, ep = 1;  // dp = 0: derived from world size
   int microbatch_group_size_per_vp_stage = 0;          // 0: pp (or PyTorch's rounds rule)
 };
-
-enum class Recompute { kNone, kSelective, kFull };
 
 struct TrainingConfig {
   int seq_length = 0;
@@ -80,9 +87,11 @@ struct ImageClass {
 struct DataConfig {
   uint64_t seed = 0;
   int text_tokens = 0;             // text tokens per sample; 0 = fill seq_length
-  int images_per_sample = 0;       // images (or clips) drawn per sample from `images`
+  int images_per_sample = 0;       // images (or clips) drawn per sample, at most (those that
+                                   // would overflow seq_length are dropped)
   std::vector<ImageClass> images;  // image-size distribution
   std::string manifest;            // JSON Lines file of real samples (overrides images)
+  int generate_height = 0, generate_width = 0;  // generation target per sample, pixels
 };
 
 enum class PipelineKind { kGpipe, k1F1B, kInterleaved1F1B };
@@ -91,6 +100,7 @@ enum class ModalityPolicy { kInline, kDecoupled, kNested, kBubbleFill };
 struct ScheduleConfig {
   PipelineKind pipeline = PipelineKind::k1F1B;
   ModalityPolicy modality = ModalityPolicy::kInline;
+  bool decoupled_recompute = false;  // decoupled: keep only encoder outputs, recompute (K2.5 DEP)
 };
 
 struct Config {

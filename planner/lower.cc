@@ -67,7 +67,8 @@ void AddSendRecv(std::vector<RankSeq>* seqs, const PipelineShape& shape, WorkId 
 }
 
 void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zero_stage,
-                 const GradSyncWorks& works, const std::vector<int32_t>& dp_group_of_stage) {
+                 const GradSyncWorks& works, const std::vector<int32_t>& dp_group_of_stage,
+                 const std::vector<ModalitySync>& modality, int32_t all_ranks_group) {
   const bool sync = shape.dp > 1;
   const OpKind reduce = zero_stage >= 1 ? OpKind::kReduceScatter : OpKind::kAllReduce;
   for (int32_t r = 0; r < static_cast<int32_t>(seqs->size()); ++r) {
@@ -88,6 +89,10 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
         out.push_back({ck, works.reduce[g], CollectiveTag(reduce, Module::kText, op.key.chunk)});
       }
     }
+    if (all_ranks_group >= 0)
+      for (const ModalitySync& m : modality)
+        out.push_back({OpKey{r, OpKind::kReduceScatter, m.module, -1, -1, -1, all_ranks_group}, m.work,
+                       CollectiveTag(OpKind::kReduceScatter, m.module, -1)});
     out.push_back({OpKey{r, OpKind::kOptStep, Module::kOptimizer}, works.opt_step[s]});
     if (sync && zero_stage >= 1) {
       for (int c = 0; c < shape.vp; ++c) {

@@ -43,8 +43,15 @@ struct GradSyncWorks {
 // chunk's last backward (ALL_REDUCE, or REDUCE_SCATTER with ZeRO >= 1); then OPT_STEP;
 // then parameter ALL_GATHER per chunk with ZeRO >= 1. Returns nothing when dp == 1
 // except the optimizer steps.
+// Modality parameters (vision, generator) are sharded over every GPU (FSDP): each rank
+// reduce-scatters their gradients over `all_ranks_group` before its optimizer step.
+struct ModalitySync {
+  Module module;
+  WorkId work;
+};
 void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zero_stage,
-                 const GradSyncWorks& works, const std::vector<int32_t>& dp_group_of_stage);
+                 const GradSyncWorks& works, const std::vector<int32_t>& dp_group_of_stage,
+                 const std::vector<ModalitySync>& modality = {}, int32_t all_ranks_group = -1);
 
 // Adds every op to the builder in sequence order and links dependencies by rule:
 // RECV -> its SEND (by tag); a gradient collective -> the last backward of its module and

@@ -1,10 +1,78 @@
 #include "planner/plan.h"
 
+#include "planner/data.h"
 #include "planner/lower.h"
+#include "planner/modality.h"
+#include "planner/placement.h"
 #include "planner/schedules.h"
 #include "planner/workload.h"
+#include "simulator/engine.h"
 
 namespace pipeplan {
+namespace {
+
+bool Multimodal(const Config& c) { return c.model.vision.enabled || c.model.generator.enabled; }
+
+// Decoupled designs with a generator run every LLM forward before any backward.
+PipelineKind EffectivePipeline(const Config& c) {
+  if (c.schedule.modality == ModalityPolicy::kDecoupled && c.model.generator.enabled) return PipelineKind::kGpipe;
+  return c.schedule.pipeline;
+}
+
+// The predicted timeline of the text-only plan (bubble-fill looks for its idle gaps).
+StatusOr<std::pair<Table, Timeline>> TextTimeline(const Config& c) {
+  Config text = c;
+  text.model.vision.enabled = text.model.generator.enabled = false;
+  ASSIGN_OR_RETURN(Table t, BuildPlan(text));
+  ASSIGN_OR_RETURN(Timeline tl, Simulate(t, CostModel::Real(c.cluster.spec).Durations(t)));
+  return std::make_pair(std::move(t), std::move(tl));
+}
+
+Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch& batch, TableBuilder* b,
+                   std::vector<RankSeq>* seqs, std::vector<ModalitySync>* sync) {
+  const ParallelConfig& p = c.parallel;
+  const bool decoupled = c.schedule.modality == ModalityPolicy::kDecoupled;
+  const int tasks_per_mb = c.schedule.modality == ModalityPolicy::kInline ? 1 : p.pp;
+  ModalityWork w = BuildModalityWork(c, batch, p.tp * p.cp, tasks_per_mb, decoupled && c.schedule.decoupled_recompute);
+  ModalityWorkIds ids;
+  for (const VisionTask& t : w.vision) {
+    Work out;
+    out.payload_bytes = t.out_bytes;
+    ids.vision_f.push_back(b->AddWork(t.f));
+    ids.vision_b.push_back(b->AddWork(t.b));
+    ids.vision_recompute.push_back(b->AddWork(t.recompute));
+    ids.vision_out.push_back(b->AddWork(out));
+  }
+  for (const GeneratorTask& t : w.generator) {
+    ids.generator_f.push_back(b->AddWork(t.f));
+    ids.generator_b.push_back(b->AddWork(t.b));
+  }
+  std::vector<VisionPlacement> vision;
+  switch (c.schedule.modality) {
+    case ModalityPolicy::kInline: vision = PlaceVisionInline(shape, w); break;
+    case ModalityPolicy::kDecoupled: vision = PlaceVisionDecoupled(shape, w, c.schedule.decoupled_recompute); break;
+    case ModalityPolicy::kNested:
+    case ModalityPolicy::kBubbleFill: {
+      if (w.vision.empty()) break;
+      ASSIGN_OR_RETURN(auto text, TextTimeline(c));
+      vision = c.schedule.modality == ModalityPolicy::kNested ? PlaceVisionNested(shape, w, text.first, text.second)
+                                                              : PlaceVisionBubbleFill(shape, w, text.first, text.second);
+      break;
+    }
+  }
+  auto generator = PlaceGenerator(shape, w, decoupled);
+  RETURN_IF_ERROR(InsertModality(seqs, shape, w, ids, vision, generator));
+  // Gradients of the FSDP-sharded modality parameters: full fp32 gradient in, shard out.
+  for (auto [module, params] : {std::pair{Module::kVision, w.vision_params}, std::pair{Module::kGenerator, w.generator_params}}) {
+    if (params <= 0) continue;
+    Work reduce;
+    reduce.payload_bytes = params * 4;
+    sync->push_back({module, b->AddWork(reduce)});
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 std::vector<RankInfo> MakeRanks(const Config& c) {
   const ParallelConfig& p = c.parallel;
@@ -33,20 +101,28 @@ SimOptions SimOptionsFor(const Config& c, bool unit_costs) {
 }
 
 StatusOr<Config> ConfigOfPlan(const Table& plan, const std::string& plan_path) {
-  ASSIGN_OR_RETURN(YamlDoc doc,
-                   YamlDoc::FromString(plan_path + " (embedded config)", plan.meta().config_yaml));
+  ASSIGN_OR_RETURN(YamlDoc doc, YamlDoc::FromString(plan_path + " (embedded config)", plan.meta().config_yaml));
   return ParseConfig(std::move(doc));
 }
 
 StatusOr<Table> BuildPlan(const Config& c) {
   const ParallelConfig& p = c.parallel;
   PipelineShape shape{p.pp, p.vp, p.dp, c.training.microbatches};
-  ASSIGN_OR_RETURN(auto orders, TextSchedule(c.schedule.pipeline, p.pp, p.vp, shape.m,
-                                             p.microbatch_group_size_per_vp_stage));
+  const PipelineKind pipeline = EffectivePipeline(c);
+  ASSIGN_OR_RETURN(auto orders, TextSchedule(pipeline, p.pp, p.vp, shape.m, p.microbatch_group_size_per_vp_stage));
   TextWorkload tw = BuildTextWorkload(c);
+  StepBatch batch;
+  if (Multimodal(c)) {
+    ASSIGN_OR_RETURN(batch, MakeStepBatch(c));
+  }
   std::vector<RankInfo> ranks = MakeRanks(c);
-  for (RankInfo& r : ranks)
+  const double world = c.world();
+  ModalityWork params_only = Multimodal(c) ? BuildModalityWork(c, StepBatch{}, 1, 1, false) : ModalityWork{};
+  for (RankInfo& r : ranks) {
     for (int ch = 0; ch < p.vp; ++ch) r.params[0] += tw.params_per_gpu[ch * p.pp + r.pp];
+    r.params[1] = params_only.vision_params / world;  // FSDP shards over every GPU
+    r.params[2] = params_only.generator_params / world;
+  }
   TableBuilder b(ranks);
 
   std::vector<WorkId> f_work, b_work;
@@ -64,7 +140,7 @@ StatusOr<Table> BuildPlan(const Config& c) {
   for (int s = 0; s < p.pp; ++s) {
     // Adam over the rank's shard: reads grad, master, two moments, writes them and the
     // bf16 weight: about 34 bytes and 10 FLOPs per parameter.
-    double params = 0;
+    double params = (ranks[s].params[1] + ranks[s].params[2]) * shard;
     for (int ch = 0; ch < p.vp; ++ch) params += tw.params_per_gpu[ch * p.pp + s];
     Work opt;
     opt.hbm_bytes = 34 * params / shard;
@@ -85,17 +161,29 @@ StatusOr<Table> BuildPlan(const Config& c) {
   }
 
   std::vector<RankSeq> seqs = ExpandStages(orders, shape, f_work, b_work);
+  std::vector<ModalitySync> modality_sync;
+  int32_t all_ranks = -1;
+  if (Multimodal(c)) {
+    RETURN_IF_ERROR(AddModality(c, shape, batch, &b, &seqs, &modality_sync));
+    if (!modality_sync.empty() && ranks.size() > 1) {
+      std::vector<int32_t> members(ranks.size());
+      for (size_t r = 0; r < ranks.size(); ++r) members[r] = static_cast<int32_t>(r);
+      all_ranks = b.AddGroup(std::move(members));
+    }
+  }
   AddSendRecv(&seqs, shape, p2p_work);
-  AddGradSync(&seqs, shape, c.training.zero_stage, sync, dp_group);
+  AddGradSync(&seqs, shape, c.training.zero_stage, sync, dp_group, modality_sync, all_ranks);
   RETURN_IF_ERROR(Link(std::move(seqs), &b));
 
   PlanMeta meta;
-  meta.schedule = PipelineName(c.schedule.pipeline);
+  meta.schedule = PipelineName(pipeline);
+  meta.modality = Multimodal(c) ? std::string(ModalityName(c.schedule.modality)) : "";
   meta.pp = p.pp, meta.vp = p.vp, meta.dp = p.dp, meta.tp = p.tp, meta.cp = p.cp, meta.ep = p.ep;
   meta.microbatches = shape.m;
   meta.gpus_per_node = c.cluster.gpus_per_node;
-  meta.tokens_per_step = tw.tokens_per_mb * shape.m * p.dp;
-  meta.samples_per_step = static_cast<double>(c.training.micro_batch_size) * shape.m * p.dp;
+  meta.tokens_per_step = Multimodal(c) ? static_cast<double>(batch.tokens) : tw.tokens_per_mb * shape.m * p.dp;
+  meta.samples_per_step = Multimodal(c) ? static_cast<double>(batch.samples)
+                                        : static_cast<double>(c.training.micro_batch_size) * shape.m * p.dp;
   meta.config_yaml = c.resolved_yaml;
   return b.Finish(std::move(meta));
 }

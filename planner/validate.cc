@@ -5,6 +5,7 @@
 #include <boost/graph/adjacency_list.hpp>
 #include <boost/graph/depth_first_search.hpp>
 #include <map>
+#include <tuple>
 #include <unordered_map>
 
 #include "simulator/engine.h"
@@ -189,12 +190,82 @@ Status CheckFlow(const Table& t) {
   return Status::Ok();
 }
 
+// Vision and generator data flow (architecture.md, Dependencies):
+//   vision F(t of m) reaches text F(chunk 0, m) on the replica's first stage;
+//   vision B(t) runs after vision F(t) and after text B(chunk 0, m) produced its gradient;
+//   text F(last, m) -> generator F(m) -> generator B(m) -> text B(last, m).
+Status CheckModality(const Table& t) {
+  const PlanMeta& m = t.meta();
+  using Key = std::tuple<int32_t, int, int, int32_t, int32_t, int32_t>;  // rank, module, kind, chunk, mb, task
+  std::map<Key, OpId> at;
+  std::vector<OpId> modal;
+  for (OpId i = 0; i < t.size(); ++i) {
+    const Module mod = t.module(i);
+    const OpKind k = t.kind(i);
+    if (mod == Module::kOptimizer || IsCollective(k)) continue;
+    if (mod == Module::kText && !(k == OpKind::kF || k == OpKind::kB || k == OpKind::kSendB)) continue;
+    Key key{t.rank(i), static_cast<int>(mod), static_cast<int>(k), t.chunk(i), t.mb(i), t.task(i)};
+    if (!at.emplace(key, i).second) return InvalidPlan(fmt::format("{}: appears twice", t.str(i)));
+    if (mod != Module::kText && (k == OpKind::kF || k == OpKind::kB)) modal.push_back(i);
+  }
+  auto find = [&](int32_t rank, Module mod, OpKind k, int32_t chunk, int32_t mb, int32_t task) {
+    auto it = at.find(Key{rank, static_cast<int>(mod), static_cast<int>(k), chunk, mb, task});
+    return it == at.end() ? UINT32_MAX : it->second;
+  };
+  auto text = [&](int32_t rank, OpKind k, int32_t chunk, int32_t mb) {
+    OpId i = find(rank, Module::kText, k, chunk, mb, -1);
+    return i;
+  };
+  // `prod` must reach `cons`: earlier on the same rank, or through a RECV of the
+  // consumer's module/micro-batch/task on the consumer's rank whose SEND follows `prod`.
+  auto arrives = [&](OpId prod, OpId cons, Module recv_mod, OpKind recv_kind, int32_t task, const char* what) -> Status {
+    if (prod == UINT32_MAX) return InvalidPlan(fmt::format("{}: {} does not exist", t.str(cons), what));
+    if (t.rank(prod) == t.rank(cons)) {
+      if (prod < cons) return Status::Ok();
+      return InvalidPlan(fmt::format("{}: runs before {} {}", t.str(cons), what, t.str(prod)));
+    }
+    OpId recv = find(t.rank(cons), recv_mod, recv_kind, -1, t.mb(cons), task);
+    if (recv == UINT32_MAX || recv > cons)
+      return InvalidPlan(fmt::format("{}: runs before {} {} arrives", t.str(cons), what, t.str(prod)));
+    OpId send = t.deps(recv).empty() ? UINT32_MAX : t.deps(recv)[0];
+    if (send == UINT32_MAX || t.rank(send) != t.rank(prod) || send < prod)
+      return InvalidPlan(fmt::format("{}: sent before {} {} produced it", t.str(recv), what, t.str(prod)));
+    return Status::Ok();
+  };
+  for (OpId i : modal) {
+    const int32_t d = t.ranks()[t.rank(i)].dp, mb = t.mb(i), task = t.task(i);
+    const int32_t first = d * m.pp, last = d * m.pp + m.pp - 1;
+    if (t.module(i) == Module::kVision && t.kind(i) == OpKind::kF) {
+      OpId consumer = text(first, OpKind::kF, 0, mb);
+      if (consumer == UINT32_MAX) return InvalidPlan(fmt::format("{}: micro-batch {} has no text forward", t.str(i), mb));
+      RETURN_IF_ERROR(arrives(i, consumer, Module::kVision, OpKind::kRecvF, task, "its vision input"));
+    } else if (t.module(i) == Module::kVision) {
+      OpId fwd = find(t.rank(i), Module::kVision, OpKind::kF, -1, mb, task);
+      if (fwd == UINT32_MAX || fwd > i) return InvalidPlan(fmt::format("{}: runs before its vision forward on the same rank", t.str(i)));
+      OpId grad = text(first, OpKind::kB, 0, mb);
+      RETURN_IF_ERROR(arrives(grad, i, Module::kVision, OpKind::kRecvB, task, "the gradient from"));
+    } else if (t.kind(i) == OpKind::kF) {
+      RETURN_IF_ERROR(arrives(text(last, OpKind::kF, m.vp - 1, mb), i, Module::kGenerator, OpKind::kRecvF, -1, "its input from"));
+      OpId back = find(t.rank(i), Module::kGenerator, OpKind::kB, -1, mb, -1);
+      if (back == UINT32_MAX || back < i) return InvalidPlan(fmt::format("{}: has no generator backward after it", t.str(i)));
+      OpId text_b = text(last, OpKind::kB, m.vp - 1, mb);
+      if (text_b == UINT32_MAX) return InvalidPlan(fmt::format("{}: micro-batch {} has no text backward", t.str(i), mb));
+      RETURN_IF_ERROR(arrives(back, text_b, Module::kText, OpKind::kRecvB, -1, "the generator gradient"));
+    }
+  }
+  for (OpId i : modal)
+    if (t.kind(i) == OpKind::kF && find(t.rank(i), t.module(i), OpKind::kB, -1, t.mb(i), t.task(i)) == UINT32_MAX)
+      return InvalidPlan(fmt::format("{}: has no backward on its rank", t.str(i)));
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status ValidatePlan(const Table& t) {
   RETURN_IF_ERROR(CheckAcyclic(t));
   RETURN_IF_ERROR(CheckPairs(t));
   RETURN_IF_ERROR(CheckFlow(t));
+  RETURN_IF_ERROR(CheckModality(t));
   auto progress = Simulate(t, std::vector<double>(t.size(), 0.0));
   if (!progress.ok()) return progress.status();
   return Status::Ok();

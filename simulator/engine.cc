@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <map>
 #include <unordered_map>
 
 namespace pipeplan {
@@ -240,8 +241,11 @@ std::vector<OpId> CriticalPath(const Table& t, const Timeline& tl) {
   std::vector<OpId> path;
   if (t.size() == 0) return path;
   std::vector<OpId> send_to_recv(t.size(), UINT32_MAX);
-  for (OpId i = 0; i < t.size(); ++i)
+  std::map<std::pair<int32_t, uint32_t>, std::vector<OpId>> instances;  // collective members
+  for (OpId i = 0; i < t.size(); ++i) {
     if (IsRecv(t.kind(i)) && !t.deps(i).empty()) send_to_recv[t.deps(i)[0]] = i;
+    if (IsCollective(t.kind(i))) instances[{t.peer(i), t.tag(i)}].push_back(i);
+  }
   auto close = [](double a, double b) {
     return std::abs(a - b) <= 1e-9 * std::max(1.0, std::abs(b));
   };
@@ -250,7 +254,8 @@ std::vector<OpId> CriticalPath(const Table& t, const Timeline& tl) {
     const Stream s = StreamOf(t.kind(i));
     for (OpId j = i; j > t.rank_begin(t.rank(i));) {
       --j;
-      if (StreamOf(t.kind(j)) != s || (IsP2P(t.kind(i)) && IsP2P(t.kind(j)))) continue;
+      // Sends are eager (they never hold the stream); a run's ops were posted together.
+      if (StreamOf(t.kind(j)) != s || IsSend(t.kind(j)) || (IsP2P(t.kind(i)) && IsP2P(t.kind(j)))) continue;
       return j;
     }
     return UINT32_MAX;
@@ -264,6 +269,12 @@ std::vector<OpId> CriticalPath(const Table& t, const Timeline& tl) {
     if (IsP2P(t.kind(cur))) {
       OpId partner = IsSend(t.kind(cur)) ? send_to_recv[cur] : t.deps(cur)[0];
       candidates = {prev(cur), partner == UINT32_MAX ? UINT32_MAX : prev(partner)};
+    } else if (IsCollective(t.kind(cur))) {
+      // Started when the last member was ready: any member's stream or dependencies.
+      for (OpId m : instances[{t.peer(cur), t.tag(cur)}]) {
+        candidates.insert(candidates.end(), t.deps(m).begin(), t.deps(m).end());
+        candidates.push_back(prev(m));
+      }
     } else {
       candidates.assign(t.deps(cur).begin(), t.deps(cur).end());
       candidates.push_back(prev(cur));

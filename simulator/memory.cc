@@ -33,11 +33,13 @@ std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const 
   std::vector<OpId> order;
   for (int32_t r = 0; r < t.num_ranks(); ++r) {
     const RankInfo& ri = t.ranks()[r];
-    const double params = ri.params[0] + ri.params[1] + ri.params[2];
+    // Text parameters are sharded by the ZeRO stage over DP; modality parameters are
+    // already per-GPU shards (FSDP over every GPU).
+    const double text = ri.params[0], modal = ri.params[1] + ri.params[2];
     std::array<double, kNumMemCats> cur{};
-    cur[kWeights] = 2 * params;                                    // bf16 weights
-    cur[kGrads] = 4 * params / (o.zero_stage >= 2 ? dp : 1);       // fp32 main grads
-    cur[kOptimizer] = 12 * params / (o.zero_stage >= 1 ? dp : 1);  // fp32 master + 2 moments
+    cur[kWeights] = 2 * (text + modal);                                       // bf16 weights
+    cur[kGrads] = 4 * text / (o.zero_stage >= 2 ? dp : 1) + 4 * modal;        // fp32 main grads
+    cur[kOptimizer] = 12 * text / (o.zero_stage >= 1 ? dp : 1) + 12 * modal;  // fp32 master + 2 moments
     cur[kReserve] = o.reserve_bytes;
     RankMemory& rm = out[r];
     // Ops with a memory effect, in order of their end time (ties: sequence order).

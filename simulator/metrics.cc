@@ -21,12 +21,53 @@ int ModuleOfCat(int cat) {
 
 }  // namespace
 
+std::array<double, 3> MinMeanMax(const std::vector<double>& v) {
+  if (v.empty()) return {0, 0, 0};
+  double sum = 0;
+  for (double x : v) sum += x;
+  return {*std::min_element(v.begin(), v.end()), sum / v.size(), *std::max_element(v.begin(), v.end())};
+}
+
+// Hidden fraction of one module (see Metrics), or -1 if the plan has none of it.
+StatusOr<double> HiddenFraction(const Table& t, const std::vector<double>& dur, double step, Module module) {
+  std::vector<double> without = dur;
+  std::vector<double> per_rank(t.num_ranks(), 0.0);
+  bool any = false;
+  for (OpId i = 0; i < t.size(); ++i) {
+    if (t.module(i) != module) continue;
+    any = true;
+    if (IsCompute(t.kind(i))) per_rank[t.rank(i)] += dur[i];
+    without[i] = 0;
+  }
+  if (!any) return -1.0;
+  ASSIGN_OR_RETURN(Timeline tl, Simulate(t, without));
+  double busiest = *std::max_element(per_rank.begin(), per_rank.end());
+  if (busiest <= 0) return 1.0;
+  return std::clamp(1 - (step - tl.Makespan()) / busiest, 0.0, 1.0);
+}
+
+void VisionLoad(const Table& t, const std::vector<double>& dur, Metrics* m) {
+  std::vector<double> before(t.num_ranks(), 0.0), after(t.num_ranks(), 0.0);
+  for (OpId i = 0; i < t.size(); ++i) {
+    if (t.module(i) != Module::kVision || !IsCompute(t.kind(i))) continue;
+    const int32_t r = t.rank(i);
+    after[r] += dur[i];
+    before[r - t.ranks()[r].pp] += dur[i];  // the replica's first stage consumes it
+  }
+  m->vision_load_before = MinMeanMax(before);
+  m->vision_load_after = MinMeanMax(after);
+}
+
 StatusOr<SimResult> RunSimulation(const Table& t, const SimOptions& o) {
   SimResult r;
   r.durations = o.cost.Durations(t);
   ASSIGN_OR_RETURN(r.timeline, Simulate(t, r.durations));
   r.memory = ComputeMemory(t, r.timeline, o.memory, o.memory_curves);
   r.metrics = ComputeMetrics(t, r.timeline, r.durations, r.memory, o.cost, o.memory.hbm_bytes);
+  ASSIGN_OR_RETURN(r.metrics.vision_hidden_fraction, HiddenFraction(t, r.durations, r.metrics.step_time_s, Module::kVision));
+  ASSIGN_OR_RETURN(r.metrics.generator_hidden_fraction,
+                   HiddenFraction(t, r.durations, r.metrics.step_time_s, Module::kGenerator));
+  VisionLoad(t, r.durations, &r.metrics);
   return r;
 }
 
@@ -99,7 +140,11 @@ nlohmann::json MetricsJson(const Metrics& m) {
           {"ops", m.ops},
           {"gpus", m.world_gpus},
           {"ranks", ranks},
-          {"critical_path", m.critical_path}};
+          {"critical_path", m.critical_path},
+          {"vision_hidden_fraction", m.vision_hidden_fraction},
+          {"generator_hidden_fraction", m.generator_hidden_fraction},
+          {"vision_load_before_s", m.vision_load_before},
+          {"vision_load_after_s", m.vision_load_after}};
 }
 
 std::string MetricsText(const Metrics& m) {
@@ -107,25 +152,31 @@ std::string MetricsText(const Metrics& m) {
   s += fmt::format("step time        {:.6g} s\n", m.step_time_s);
   s += fmt::format("bubble fraction  {:.2f} %\n", 100 * m.bubble_fraction);
   s += fmt::format("MFU              {:.2f} %\n", 100 * m.mfu);
-  s += fmt::format("throughput       {:.6g} tokens/s, {:.6g} samples/s\n", m.tokens_per_s,
-                   m.samples_per_s);
-  s += fmt::format("peak memory      {:.2f} GiB per GPU of {:.2f} GiB{}\n",
-                   m.peak_memory_bytes / kGiB, m.hbm_bytes / kGiB,
-                   m.oom ? "  ** OUT OF MEMORY **" : "");
+  s += fmt::format("throughput       {:.6g} tokens/s, {:.6g} samples/s\n", m.tokens_per_s, m.samples_per_s);
+  s += fmt::format("peak memory      {:.2f} GiB per GPU of {:.2f} GiB{}\n", m.peak_memory_bytes / kGiB,
+                   m.hbm_bytes / kGiB, m.oom ? "  ** OUT OF MEMORY **" : "");
   s += fmt::format("ops              {}  ({} GPUs)\n", m.ops, m.world_gpus);
+  if (m.vision_hidden_fraction >= 0) {
+    s += fmt::format("vision hidden    {:.1f} % of the busiest rank's encoder time\n", 100 * m.vision_hidden_fraction);
+    s += fmt::format("vision load      {:.4g} / {:.4g} / {:.4g} s per rank (min / mean / max; all on consumers: "
+                     "{:.4g} / {:.4g} / {:.4g} s)\n",
+                     m.vision_load_after[0], m.vision_load_after[1], m.vision_load_after[2], m.vision_load_before[0],
+                     m.vision_load_before[1], m.vision_load_before[2]);
+  }
+  if (m.generator_hidden_fraction >= 0)
+    s += fmt::format("generator hidden {:.1f} % of the busiest rank's generator time\n", 100 * m.generator_hidden_fraction);
   s += fmt::format("critical path    {} ops", m.critical_path.size());
-  if (!m.critical_path.empty())
-    s += fmt::format(": {} ... {}", m.critical_path.front(), m.critical_path.back());
+  if (!m.critical_path.empty()) s += fmt::format(": {} ... {}", m.critical_path.front(), m.critical_path.back());
   s += "\n\n";
-  s += fmt::format("{:>6} {:>4} {:>4} {:>12} {:>12} {:>8} {:>12} {:>12} {:>4}\n", "rank", "pp",
-                   "dp", "busy s", "idle s", "bubble%", "peak GiB", "act GiB", "oom");
+  s += fmt::format("{:>6} {:>4} {:>4} {:>10} {:>10} {:>8} {:>9} {:>9} {:>9} {:>9} {:>4}\n", "rank", "pp", "dp",
+                   "busy s", "idle s", "bubble%", "peak GiB", "text act", "vis act", "gen act", "oom");
   // Large plans: one row per pipeline stage of replica 0, plus any OOM rank.
   for (const RankMetrics& r : m.ranks) {
     if (r.dp != 0 && !r.oom) continue;
-    double act = r.peak_by_module[0] + r.peak_by_module[1] + r.peak_by_module[2];
-    s += fmt::format("{:>6} {:>4} {:>4} {:>12.6g} {:>12.6g} {:>8.2f} {:>12.2f} {:>12.2f} {:>4}\n",
-                     r.rank, r.pp, r.dp, r.busy_s, r.idle_s, 100 * r.bubble_fraction,
-                     r.peak_memory_bytes / kGiB, act / kGiB, r.oom ? "yes" : "");
+    s += fmt::format("{:>6} {:>4} {:>4} {:>10.4g} {:>10.4g} {:>8.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>4}\n", r.rank,
+                     r.pp, r.dp, r.busy_s, r.idle_s, 100 * r.bubble_fraction, r.peak_memory_bytes / kGiB,
+                     r.peak_by_module[0] / kGiB, r.peak_by_module[1] / kGiB, r.peak_by_module[2] / kGiB,
+                     r.oom ? "yes" : "");
   }
   return s;
 }

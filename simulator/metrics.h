@@ -37,6 +37,16 @@ struct Metrics {
   int world_gpus = 0;
   std::vector<RankMetrics> ranks;
   std::vector<std::string> critical_path;  // op strings, in time order
+
+  // Modalities (-1 when the plan has none). Hidden fraction: share of the busiest rank's
+  // modality compute that did not extend the step, against the same plan with that
+  // module's costs set to zero: 1 - (step - step without) / busiest rank's module time.
+  double vision_hidden_fraction = -1;
+  double generator_hidden_fraction = -1;
+  // Vision compute seconds per rank: before = if every task ran on its consumer (the
+  // replica's first stage), after = as placed. {min, mean, max} over ranks.
+  std::array<double, 3> vision_load_before{};
+  std::array<double, 3> vision_load_after{};
 };
 
 struct SimOptions {

@@ -1,0 +1,63 @@
+// Modality placement policies: where the vision encoder's and the generator's ops go in
+// the per-rank sequences, without changing the text order (except `decoupled` with a
+// generator, which runs all LLM forwards first, as Optimus-style designs do).
+//
+// Each policy decides, per task, a rank and anchors (insert before/after a text op);
+// InsertModality then adds the ops and the SEND/RECV pairs that carry visual embeddings to
+// the first-stage rank and their gradients back. Dependencies (architecture.md):
+//   vision F(t of m) -> ... -> text F(chunk 0, m) on the first stage;
+//   text B(chunk 0, m) -> vision B(t of m), after vision F(t);
+//   text F(last, m) -> generator F(m) -> generator B(m) -> text B(last, m).
+#pragma once
+
+#include <vector>
+
+#include "core/timeline.h"
+#include "planner/config.h"
+#include "planner/lower.h"
+#include "planner/modality.h"
+
+namespace pipeplan {
+
+// A text op on a rank, as an anchor: insert before it (or at the end: mb = -1).
+struct Anchor {
+  OpKind kind = OpKind::kF;
+  int32_t chunk = 0;
+  int32_t mb = -1;  // -1 = end of the sequence
+  bool after = false;
+};
+
+struct VisionPlacement {
+  int rank = 0;
+  Anchor f, b;
+  bool recompute = false;  // RECOMPUTE right before the backward (decoupled DEP)
+};
+
+struct GeneratorPlacement {
+  int rank = 0;
+  Anchor f, b;
+};
+
+struct ModalityWorkIds {
+  std::vector<WorkId> vision_f, vision_b, vision_recompute, vision_out;  // per vision task
+  std::vector<WorkId> generator_f, generator_b;                          // per generator task
+};
+
+// Policies (pure): from the text schedule shape and the tasks to placements.
+std::vector<VisionPlacement> PlaceVisionInline(const PipelineShape& s, const ModalityWork& w);
+std::vector<VisionPlacement> PlaceVisionDecoupled(const PipelineShape& s, const ModalityWork& w, bool recompute);
+// Nested and bubble-fill use the predicted text timeline: `text` is the text-only table
+// (ids rank-major), `tl` its simulated timeline (nested balances by its per-rank load,
+// bubble-fill also fills its idle gaps).
+std::vector<VisionPlacement> PlaceVisionNested(const PipelineShape& s, const ModalityWork& w, const Table& text,
+                                               const Timeline& tl);
+std::vector<VisionPlacement> PlaceVisionBubbleFill(const PipelineShape& s, const ModalityWork& w, const Table& text,
+                                                   const Timeline& tl);
+std::vector<GeneratorPlacement> PlaceGenerator(const PipelineShape& s, const ModalityWork& w, bool decoupled);
+
+// Adds the modality ops and their SEND/RECV pairs to text compute sequences.
+Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const ModalityWork& w,
+                      const ModalityWorkIds& ids, const std::vector<VisionPlacement>& vision,
+                      const std::vector<GeneratorPlacement>& generator);
+
+}  // namespace pipeplan
