@@ -106,7 +106,7 @@ StatusOr<OpKey> ParseOp(std::string_view text) {
       field = &op.peer, skip = 3;
     else if (t.substr(0, 3) == "<-r" && IsRecv(op.kind))
       field = &op.peer, skip = 3;
-    else if (t.substr(0, 2) == "@g" && IsCollective(op.kind))
+    else if (t.substr(0, 2) == "@g" && !IsP2P(op.kind))
       field = &op.peer, skip = 2;
     if (field == nullptr || *field != -1 || !ParseInt(t.substr(skip), field))
       return bad(fmt::format("bad field '{}'", t));

@@ -6,6 +6,8 @@
 // The module prefix is omitted for text ops and for OPT_STEP (module optimizer).
 // Examples: "r0 F c1 m3", "r2 SEND_F c0 m1 ->r3", "r3 RECV_F c0 m1 <-r2",
 //           "r1 REDUCE_SCATTER c0 @g1", "r0 vision.F m4 t2", "r5 OPT_STEP".
+// A compute op with a group ("r2 vision.F c1 m3 t0 @g7") is a gang: one shard of work
+// that every rank of the group runs at the same time (multi-rank context parallelism).
 #pragma once
 
 #include <cstdint>

@@ -86,6 +86,8 @@ class Table {
   int32_t mb(OpId i) const { return mb_[i]; }
   int32_t task(OpId i) const { return task_[i]; }
   int32_t peer(OpId i) const { return peer_[i]; }
+  // Collectives and gangs: ops matched across the ranks of group peer(i) by tag.
+  bool grouped(OpId i) const { return peer_[i] >= 0 && !IsP2P(kind_[i]); }
   uint32_t tag(OpId i) const { return tag_[i]; }
   WorkId work_id(OpId i) const { return work_[i]; }
   const Work& work(OpId i) const { return works_[work_[i]]; }

@@ -121,7 +121,9 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
     for (const PendingOp& op : seq) {
       const OpKey& k = op.key;
       TableBuilder::Handle h = b->AddAndAppend(k, op.work, op.tag);
-      const int64_t mc = static_cast<int64_t>(k.module) << 32 | static_cast<uint32_t>(k.chunk);
+      // Text gradients sync per chunk; modality gradients once per module (chunks are shards).
+      const int32_t chunk = k.module == Module::kText ? k.chunk : -1;
+      const int64_t mc = static_cast<int64_t>(k.module) << 32 | static_cast<uint32_t>(chunk);
       if (IsSend(k.kind)) {
         if (!sends.emplace(op.tag, h).second)
           return Internal(fmt::format("two sends share tag {} ({})", op.tag, FormatOp(k)));

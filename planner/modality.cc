@@ -1,6 +1,7 @@
 #include "planner/modality.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "simulator/cost_model.h"
@@ -46,16 +47,68 @@ double CpPlan::mean_flops() const {
   return gpu_flops.empty() ? 0 : std::accumulate(gpu_flops.begin(), gpu_flops.end(), 0.0) / gpu_flops.size();
 }
 
-CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gpus) {
+namespace {
+
+// Loads of n GPUs with fast "least-loaded aligned block of 2^l GPUs" queries: a segment
+// tree whose node keeps, for every block size up to its own, the smallest block maximum
+// in its range. O(2^l log n) per assignment instead of a scan of all blocks.
+class BlockLoads {
+ public:
+  BlockLoads(const std::vector<double>& base, int levels) : levels_(levels) {
+    size_ = 1;
+    while (size_ < static_cast<int>(base.size())) size_ *= 2;
+    best_.assign(2 * size_ * (levels_ + 1), kInf);
+    for (int g = 0; g < size_; ++g) Set(g, g < static_cast<int>(base.size()) ? base[g] : kInf);
+  }
+  // First GPU of the aligned block of 2^level GPUs whose most loaded GPU is least loaded.
+  int Best(int level) const {
+    int node = 1, height = Height(1);
+    while (height > level) {
+      node = At(2 * node, level) <= At(2 * node + 1, level) ? 2 * node : 2 * node + 1;
+      --height;
+    }
+    return (node << level) - size_;
+  }
+  double Load(int g) const { return At(size_ + g, 0); }
+  void Add(int g, double x) { Set(g, Load(g) + x); }
+
+ private:
+  static constexpr double kInf = std::numeric_limits<double>::infinity();
+  int Height(int node) const {
+    int h = 0;
+    for (int n = node; n < size_; n *= 2) ++h;
+    return h;
+  }
+  double& At(int node, int level) { return best_[node * (levels_ + 1) + level]; }
+  double At(int node, int level) const { return best_[node * (levels_ + 1) + level]; }
+  void Set(int g, double load) {
+    int node = size_ + g;
+    At(node, 0) = load;
+    for (int h = 1; node > 1; ++h) {
+      node /= 2;
+      for (int l = 0; l <= std::min(h, levels_); ++l)
+        At(node, l) = l == h ? std::max(At(2 * node, h - 1), At(2 * node + 1, h - 1))
+                             : std::min(At(2 * node, l), At(2 * node + 1, l));
+    }
+  }
+  int levels_, size_ = 1;
+  std::vector<double> best_;
+};
+
+}  // namespace
+
+CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gpus, const std::vector<double>& base) {
   const VisionConfig& v = c.model.vision;
   CpPlan plan;
   plan.gpu_flops.assign(gpus, 0);
   plan.gpu_comm_bytes.assign(gpus, 0);
+  // Target per-GPU load of the images alone: a large image is split until its shard is
+  // no more than that (K3's sizing rule); `base` only steers where items go.
   double total = 0;
   for (int64_t p : patches) total += VisionImageFlops(c, p);
   const double target = total / gpus;
-  int kmax = 1;
-  while (kmax * 2 <= std::min(v.cp_max_group, gpus)) kmax *= 2;
+  int kmax = 1, levels = 0;
+  while (kmax * 2 <= std::min(v.cp_max_group, gpus)) kmax *= 2, ++levels;
   for (size_t i = 0; i < patches.size(); ++i) {
     CpItem it;
     it.image = static_cast<int>(i);
@@ -67,13 +120,15 @@ CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gp
   }
   std::stable_sort(plan.items.begin(), plan.items.end(),
                    [](const CpItem& a, const CpItem& b) { return a.flops_per_gpu * a.k > b.flops_per_gpu * b.k; });
+  std::vector<double> start = base;
+  start.resize(gpus, 0.0);
+  BlockLoads loads(start, levels);
   for (CpItem& it : plan.items) {
-    double best = -1;
-    for (int g = 0; g + it.k <= gpus; g += it.k) {
-      double worst = *std::max_element(plan.gpu_flops.begin() + g, plan.gpu_flops.begin() + g + it.k);
-      if (best < 0 || worst < best) best = worst, it.first_gpu = g;
-    }
+    int level = 0;
+    while ((1 << level) < it.k) ++level;
+    it.first_gpu = loads.Best(level);
     for (int g = it.first_gpu; g < it.first_gpu + it.k; ++g) {
+      loads.Add(g, it.flops_per_gpu);
       plan.gpu_flops[g] += it.flops_per_gpu;
       plan.gpu_comm_bytes[g] += it.gather_bytes_per_gpu;
     }
@@ -96,34 +151,26 @@ double CpCommFraction(const Config& c, const CpPlan& plan) {
 
 namespace {
 
-// One vision task over `patches` (images of one micro-batch) on a rank of `gpus` GPUs.
-VisionTask MakeVisionTask(const Config& c, const std::vector<int64_t>& patches, int gpus, bool recompute_outputs_only) {
+// A vision task (or a gang shard) from its per-GPU load on a rank of `gpus` GPUs.
+// `gpu_flops`/`gather_bytes`: the busiest GPU's compute and gather-KV traffic; the other
+// totals are for the whole task.
+VisionTask TaskFromLoad(const Config& c, double gpu_flops, double gather_bytes, double model_flops, double act,
+                        double tokens, double patches, int gpus, bool recompute_outputs_only) {
   const VisionConfig& v = c.model.vision;
-  const double h = c.model.llm.hidden;
-  CpPlan plan = PlanVisionCp(c, patches, gpus);
   VisionTask t;
-  double total_flops = 0, total_patches = 0, act = 0, tokens = 0;
-  for (int64_t p : patches) {
-    total_flops += VisionImageFlops(c, p);
-    total_patches += static_cast<double>(p);
-    act += VisionActBytes(c, p);
-    tokens += static_cast<double>((p + v.merge * v.merge - 1) / (v.merge * v.merge));
-  }
-  // Time is set by the most loaded GPU: flops = gpus x its load.
-  size_t busiest = std::max_element(plan.gpu_flops.begin(), plan.gpu_flops.end()) - plan.gpu_flops.begin();
-  t.f.flops = plan.gpu_flops[busiest] * gpus;
-  t.f.model_flops = total_flops;
-  t.f.hbm_bytes = total_patches / gpus * v.layers * (20.0 * v.hidden + 4.0 * v.mlp);
-  t.f.tp_bytes = plan.gpu_comm_bytes[busiest];
-  t.f.tp_calls = t.f.tp_bytes > 0 ? v.layers : 0;
+  t.f.flops = gpu_flops * gpus;  // time is set by the most loaded GPU
+  t.f.model_flops = model_flops;
+  t.f.hbm_bytes = patches / gpus * v.layers * (20.0 * v.hidden + 4.0 * v.mlp);
+  t.f.tp_bytes = gather_bytes;
+  t.f.tp_calls = gather_bytes > 0 ? v.layers : 0;
   t.f.kernels = 12 * v.layers;
   t.f.layer_begin = 0, t.f.layer_end = v.layers;
   t.act_bytes = act / gpus;
-  t.out_bytes = tokens * h * kBf16 / gpus;
+  t.out_bytes = tokens * c.model.llm.hidden * kBf16 / gpus;
   t.b = t.f;
   // Backward = 2x forward, + the forward again under full recompute.
   t.b.flops = (v.recompute == Recompute::kFull ? 3 : 2) * t.f.flops;
-  t.b.model_flops = 2 * total_flops, t.b.hbm_bytes = 2 * t.f.hbm_bytes;
+  t.b.model_flops = 2 * model_flops, t.b.hbm_bytes = 2 * t.f.hbm_bytes;
   t.b.tp_bytes = 2 * t.f.tp_bytes, t.b.tp_calls = 2 * t.f.tp_calls, t.b.kernels = 2 * t.f.kernels;
   if (recompute_outputs_only) {
     t.f.mem_delta_bytes = t.out_bytes;
@@ -138,43 +185,113 @@ VisionTask MakeVisionTask(const Config& c, const std::vector<int64_t>& patches, 
   return t;
 }
 
+double Tokens(const Config& c, int64_t patches) {
+  const int mm = c.model.vision.merge * c.model.vision.merge;
+  return static_cast<double>((patches + mm - 1) / mm);
+}
+
+// One task over whole images on one rank: dynamic CP inside the rank's GPUs.
+VisionTask RankTask(const Config& c, const std::vector<int64_t>& patches, int gpus, bool recompute_outputs_only) {
+  CpPlan plan = PlanVisionCp(c, patches, gpus);
+  double model = 0, act = 0, tokens = 0, total = 0;
+  for (int64_t p : patches) {
+    model += VisionImageFlops(c, p), act += VisionActBytes(c, p), tokens += Tokens(c, p);
+    total += static_cast<double>(p);
+  }
+  size_t busiest = std::max_element(plan.gpu_flops.begin(), plan.gpu_flops.end()) - plan.gpu_flops.begin();
+  return TaskFromLoad(c, plan.gpu_flops[busiest], plan.gpu_comm_bytes[busiest], model, act, tokens, total, gpus,
+                      recompute_outputs_only);
+}
+
+// The vision tasks of micro-batch m of every replica.
+// Consumer mode (inline): all images of (d, m) on the replica's first stage, its GPUs.
+// Pool mode: dynamic CP plans all images of round m over every GPU of the job (global
+// GPU order: a node is a contiguous block, so sub-groups stay inside nodes), starting
+// from each GPU's `base` load. Images on one rank become that rank's task (one per source
+// replica); an image whose sub-group spans ranks becomes a gang, one shard per rank.
+// `carry`: vision FLOPs placed on each GPU in earlier rounds (pool mode), so that the
+// rounds balance in total and a tie does not send every round's largest image to one GPU.
+void AddVisionTasks(const Config& c, const StepBatch& batch, int m, const VisionPool& pool,
+                    bool recompute_outputs_only, std::vector<double>* carry, std::vector<VisionTask>* out) {
+  const ParallelConfig& p = c.parallel;
+  const int G = p.tp * p.cp, dp = static_cast<int>(batch.replicas.size());
+  std::vector<int64_t> patches;
+  std::vector<int> source;
+  for (int d = 0; d < dp; ++d)
+    for (const Sample& s : batch.replicas[d][m].samples)
+      for (const Image& img : s.images) patches.push_back(Patches(img, c.model.vision.patch)), source.push_back(d);
+  // Task ids are unique within the round (micro-batch index) across replicas, so that
+  // (micro-batch, task, shard) names a task on whichever rank runs it.
+  int next_task = 0;
+  if (pool.consumer_only) {
+    for (int d = 0; d < dp; ++d) {
+      std::vector<int64_t> mine;
+      for (size_t i = 0; i < patches.size(); ++i)
+        if (source[i] == d) mine.push_back(patches[i]);
+      if (mine.empty()) continue;
+      VisionTask t = RankTask(c, mine, G, recompute_outputs_only);
+      t.d = d, t.mb = m, t.task = next_task++, t.rank = d * p.pp;
+      out->push_back(t);
+    }
+    return;
+  }
+  const int world = dp * p.pp * G;
+  auto rank_of = [&](int gpu) { return (gpu % (dp * G)) / G * p.pp + gpu / (dp * G); };
+  carry->resize(world, 0.0);
+  std::vector<double> base = *carry;
+  if (!pool.rank_base.empty())
+    for (int g = 0; g < world; ++g) base[g] += pool.rank_base[rank_of(g)] * (m + 1);
+  CpPlan plan = PlanVisionCp(c, patches, world, base);
+  for (int g = 0; g < world; ++g) (*carry)[g] += plan.gpu_flops[g];
+  std::map<std::pair<int, int>, std::vector<int64_t>> whole;  // (rank, source replica) -> images
+  std::vector<const CpItem*> gangs;
+  for (const CpItem& it : plan.items) {
+    if (it.k <= G) whole[{rank_of(it.first_gpu), source[it.image]}].push_back(patches[it.image]);
+    else gangs.push_back(&it);
+  }
+  for (auto& [key, images] : whole) {
+    VisionTask t = RankTask(c, images, G, recompute_outputs_only);
+    t.d = key.second, t.mb = m, t.task = next_task++, t.rank = key.first;
+    out->push_back(t);
+  }
+  for (const CpItem* it : gangs) {
+    const int n = it->k / G, d = source[it->image];
+    const int64_t P = patches[it->image];
+    std::vector<int> ranks;
+    for (int k = 0; k < n; ++k) ranks.push_back(rank_of(it->first_gpu + k * G));
+    for (int k = 0; k < n; ++k) {
+      VisionTask t = TaskFromLoad(c, it->flops_per_gpu, it->gather_bytes_per_gpu, VisionImageFlops(c, P) / n,
+                                  VisionActBytes(c, P) / n, Tokens(c, P) / n, static_cast<double>(P) / n, G,
+                                  recompute_outputs_only);
+      t.d = d, t.mb = m, t.task = next_task, t.rank = ranks[k], t.shard = k, t.gang_ranks = ranks;
+      out->push_back(t);
+    }
+    ++next_task;
+  }
+}
+
 }  // namespace
 
-ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, int gpus, int tasks_per_mb,
+ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const VisionPool& pool,
                                bool recompute_outputs_only) {
   ModalityWork w;
   const VisionConfig& v = c.model.vision;
   const GeneratorConfig& g = c.model.generator;
   const double h = c.model.llm.hidden;
+  const int gpus = c.parallel.tp * c.parallel.cp;
   CostModel cost = CostModel::Real(c.cluster.spec);
   if (v.enabled) {
     const double d = v.hidden, mlp = v.mlp, in = d * v.merge * v.merge;
     w.vision_params = v.layers * (4 * d * d + 2 * d * mlp + 4 * d) + in * h + h * h;
   }
   if (g.enabled) w.generator_params = g.layers * (4.0 * g.hidden * g.hidden + 2.0 * g.hidden * g.mlp + 6.0 * g.hidden * g.hidden);
+  const int rounds = batch.replicas.empty() ? 0 : static_cast<int>(batch.replicas[0].size());
+  std::vector<double> carry;
+  if (v.enabled)
+    for (int m = 0; m < rounds; ++m) AddVisionTasks(c, batch, m, pool, recompute_outputs_only, &carry, &w.vision);
   for (size_t d = 0; d < batch.replicas.size(); ++d) {
     for (size_t m = 0; m < batch.replicas[d].size(); ++m) {
       const MicroBatch& mb = batch.replicas[d][m];
-      if (v.enabled) {
-        // Images split into up to tasks_per_mb tasks, longest first onto the lightest.
-        std::vector<int64_t> patches;
-        for (const Sample& s : mb.samples)
-          for (const Image& img : s.images) patches.push_back(Patches(img, v.patch));
-        std::stable_sort(patches.begin(), patches.end(), std::greater<>());
-        const size_t n = std::min<size_t>(std::max(tasks_per_mb, 1), patches.size());
-        std::vector<std::vector<int64_t>> groups(n);
-        std::vector<double> load(n, 0.0);
-        for (int64_t p : patches) {
-          size_t k = std::min_element(load.begin(), load.end()) - load.begin();
-          groups[k].push_back(p);
-          load[k] += VisionImageFlops(c, p);
-        }
-        for (size_t k = 0; k < n; ++k) {
-          VisionTask t = MakeVisionTask(c, groups[k], gpus, recompute_outputs_only);
-          t.d = static_cast<int>(d), t.mb = static_cast<int>(m), t.task = static_cast<int>(k);
-          w.vision.push_back(t);
-        }
-      }
       if (g.enabled) {
         GeneratorTask t;
         t.d = static_cast<int>(d), t.mb = static_cast<int>(m);

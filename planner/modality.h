@@ -31,7 +31,9 @@ struct CpPlan {
   double max_flops() const;
   double mean_flops() const;
 };
-CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gpus);
+// `base`: load (FLOPs) already on each GPU, e.g. its text work; empty = none.
+CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gpus,
+                    const std::vector<double>& base = {});
 
 // Seconds of gather-KV over the busiest GPU's compute, from a cost model's numbers:
 // comm / (comm + compute) for the GPU with the most gather traffic.
@@ -40,7 +42,11 @@ double CpCommFraction(const Config& c, const CpPlan& plan);
 // ---- Tasks -------------------------------------------------------------------------------
 // One vision task = some images of one micro-batch, run by one rank's GPUs.
 struct VisionTask {
-  int d = 0, mb = 0, task = 0;
+  int d = 0, mb = 0, task = 0;  // consumer replica, micro-batch, task index within it
+  int rank = 0;                 // rank that runs it (chosen by dynamic CP; policies may move
+                                // whole-image tasks)
+  int shard = -1;               // gang shard index (op chunk), -1 = a whole-image task
+  std::vector<int> gang_ranks;  // ranks of the gang, in shard order (empty = not a gang)
   Work f, b, recompute;         // forward, backward, forward recompute (decoupled DEP)
   double out_bytes = 0;         // visual embeddings per GPU (SEND payload), bytes
   double act_bytes = 0;         // activations kept from F to B per GPU, bytes
@@ -60,10 +66,16 @@ struct ModalityWork {
   double generator_params = 0;           // total generator parameters
 };
 
-// A micro-batch's images are split into up to `tasks_per_mb` vision tasks balanced by
-// cost (one per pipeline stage lets every stage take a share at the same moment).
-// `recompute_outputs_only`: decoupled DEP (F keeps the output; RECOMPUTE restores the rest).
-ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, int gpus_per_rank, int tasks_per_mb,
+// Where vision work may run: only on the consumer (inline), or on any GPU of the job
+// (rank_base: load already on each rank per micro-batch round, FLOPs; may be empty).
+struct VisionPool {
+  bool consumer_only = false;
+  std::vector<double> rank_base;
+};
+// Tasks of every micro-batch (see AddVisionTasks in modality.cc for how images become
+// tasks and gangs). `recompute_outputs_only`: decoupled DEP (F keeps the output;
+// RECOMPUTE restores the rest before the backward).
+ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const VisionPool& pool,
                                bool recompute_outputs_only);
 
 }  // namespace pipeplan

@@ -5,11 +5,14 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <set>
+#include <tuple>
 
 namespace pipeplan {
 namespace {
 
-constexpr uint32_t kModalityTagBase = 0x80000000u;
+constexpr uint32_t kModalityTagBase = 0x80000000u;  // SEND/RECV of modality tasks
+constexpr uint32_t kGangTagBase = 0xC0000000u;      // gang ops (F, B, RECOMPUTE per gang)
 
 int FirstStage(const PipelineShape& s, int d) { return s.rank(d, 0); }
 int LastStage(const PipelineShape& s, int d) { return s.rank(d, s.pp - 1); }
@@ -18,48 +21,21 @@ Anchor Before(OpKind k, int chunk, int mb) { return {k, chunk, mb, false}; }
 Anchor After(OpKind k, int chunk, int mb) { return {k, chunk, mb, true}; }
 Anchor End() { return {OpKind::kF, 0, -1, false}; }
 
-// Longest-processing-time assignment of tasks to the ranks of their replica, starting
-// from `base` seconds per rank (e.g. each rank's text compute); a task weighs its forward
-// and backward (3x forward). Returns the rank per task (-1 for tasks not in `which`).
-std::vector<int> BalanceOverReplica(const PipelineShape& s, const std::vector<VisionTask>& tasks,
-                                    const std::vector<size_t>& which, std::vector<double> base) {
-  std::vector<int> rank(tasks.size(), -1);
-  std::vector<size_t> order = which;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tasks[a].seconds > tasks[b].seconds; });
-  base.resize(static_cast<size_t>(s.dp) * s.pp, 0.0);
-  for (size_t i : order) {
-    int best = s.rank(tasks[i].d, 0);
-    for (int st = 1; st < s.pp; ++st)
-      if (base[s.rank(tasks[i].d, st)] < base[best]) best = s.rank(tasks[i].d, st);
-    base[best] += 3 * tasks[i].seconds;
-    rank[i] = best;
-  }
-  return rank;
-}
-
-// Compute seconds of each rank in a timeline (text-only plans: the text load).
-std::vector<double> BusySeconds(const Table& t, const Timeline& tl) {
-  std::vector<double> busy(t.num_ranks(), 0.0);
-  for (OpId i = 0; i < t.size(); ++i)
-    if (IsCompute(t.kind(i))) busy[t.rank(i)] += tl.end[i] - tl.start[i];
-  return busy;
-}
-
-// Nested anchors for a task of micro-batch m on the rank of stage j. In the 1F1B steady
-// state every stage runs its k-th backward at about the same moment, so anchoring on
-// backward indices makes all stages take their share of a micro-batch's encoder work in
-// the same round (their stalls overlap instead of adding up):
-//   forward:  before the stage's text backward (chunk 0) of micro-batch m - pp - 1, i.e.
-//             a round before the consumer's text forward of m; up front for the first ones;
-//   backward: before the stage's text backward of m + 1 + j, by when the first stage has
-//             produced the gradient (right after it, on the first stage itself).
-// Each stage keeps about (pp + 2 + j) / pp encoder units alive: O(1) in micro-batches.
+// Nested anchors for a task of micro-batch m. In the 1F1B steady state, step k of every
+// stage (its forward of k + warm-up and its backward of k) runs at about the same moment,
+// so anchoring on backward indices makes all stages run a round's encoder work in the
+// same step: the stalls overlap instead of adding up.
+//   forward:  before text backward (chunk 0) of m - pp - 1: two steps before the consumer's
+//             text forward of m; up front for the first pp + 1 micro-batches;
+//   backward: before text backward of m + pp: by then the first stage has produced the
+//             gradient, whatever the stage (at the end for the last pp micro-batches).
+// Encoder activations live about 2 pp + 1 steps: O(1) in the number of micro-batches.
 VisionPlacement NestedAnchors(const PipelineShape& s, const VisionTask& t, int rank) {
-  const int j = rank % s.pp, kf = t.mb - s.pp - 1, kb = t.mb + 1 + j;
+  const int kf = t.mb - s.pp - 1, kb = t.mb + s.pp;
   VisionPlacement p;
   p.rank = rank;
   p.f = kf < 0 ? Before(OpKind::kF, 0, 0) : Before(OpKind::kB, 0, kf);
-  p.b = j == 0 ? After(OpKind::kB, 0, t.mb) : kb < s.m ? Before(OpKind::kB, 0, kb) : End();
+  p.b = kb < s.m ? Before(OpKind::kB, 0, kb) : End();
   return p;
 }
 
@@ -72,104 +48,57 @@ std::vector<VisionPlacement> PlaceVisionInline(const PipelineShape& s, const Mod
   return out;
 }
 
-std::vector<VisionPlacement> PlaceVisionDecoupled(const PipelineShape& s, const ModalityWork& w, bool recompute) {
-  std::vector<size_t> all(w.vision.size());
-  std::iota(all.begin(), all.end(), 0);
-  std::vector<int> rank = BalanceOverReplica(s, w.vision, all, {});
+std::vector<VisionPlacement> PlaceVisionDecoupled(const PipelineShape&, const ModalityWork& w, bool recompute) {
+  // On the ranks dynamic CP chose (balanced over the job): all forwards before the rank's
+  // first text op, all backwards after its last one.
   std::vector<VisionPlacement> out;
-  for (size_t i = 0; i < w.vision.size(); ++i) {
-    // All forwards before the rank's first text op, all backwards after its last one.
-    out.push_back({rank[i], Before(OpKind::kF, 0, 0), End(), recompute});
-  }
+  for (const VisionTask& t : w.vision) out.push_back({t.rank, Before(OpKind::kF, 0, 0), End(), recompute});
   return out;
 }
 
-std::vector<VisionPlacement> PlaceVisionNested(const PipelineShape& s, const ModalityWork& w, const Table& text,
-                                               const Timeline& tl) {
-  // The tasks of each micro-batch go to distinct stages, the largest to the stage with the
-  // least text + vision compute so far, anchored by NestedAnchors.
-  std::vector<double> load = BusySeconds(text, tl);
-  std::vector<VisionPlacement> out(w.vision.size());
-  for (size_t b = 0; b < w.vision.size();) {
-    size_t e = b;
-    while (e < w.vision.size() && w.vision[e].d == w.vision[b].d && w.vision[e].mb == w.vision[b].mb) ++e;
-    std::vector<size_t> tasks(e - b);
-    std::iota(tasks.begin(), tasks.end(), b);
-    std::stable_sort(tasks.begin(), tasks.end(), [&](size_t x, size_t y) { return w.vision[x].seconds > w.vision[y].seconds; });
-    std::vector<int> stages(s.pp);
-    std::iota(stages.begin(), stages.end(), 0);
-    std::stable_sort(stages.begin(), stages.end(),
-                     [&](int x, int y) { return load[s.rank(w.vision[b].d, x)] < load[s.rank(w.vision[b].d, y)]; });
-    for (size_t k = 0; k < tasks.size(); ++k) {
-      const VisionTask& t = w.vision[tasks[k]];
-      int rank = s.rank(t.d, stages[k % s.pp]);
-      load[rank] += 3 * t.seconds;
-      out[tasks[k]] = NestedAnchors(s, t, rank);
-    }
-    b = e;
-  }
+std::vector<VisionPlacement> PlaceVisionNested(const PipelineShape& s, const ModalityWork& w) {
+  // On the ranks dynamic CP chose (balanced with the text load), anchored by NestedAnchors.
+  std::vector<VisionPlacement> out;
+  for (const VisionTask& t : w.vision) out.push_back(NestedAnchors(s, t, t.rank));
   return out;
 }
 
 std::vector<VisionPlacement> PlaceVisionBubbleFill(const PipelineShape& s, const ModalityWork& w, const Table& text,
                                                    const Timeline& tl) {
-  // Idle gaps per rank before each text compute op: [end of previous compute op, start).
-  struct Gap {
-    int rank;
-    Anchor before;  // insert before this text op
-    double start, len;
-  };
-  std::vector<Gap> gaps;
-  std::map<std::tuple<int, int, int, int>, std::pair<double, double>> when;  // (rank, kind, chunk, mb) -> start, end
+  // Start from the nested placement (balanced, one round ahead), then move work into the
+  // idle time the text timeline predicts at each rank's start (before its first text op:
+  // the warm-up bubble) and end (after its last text op: the cool-down bubble), on the
+  // same rank: forwards of the earliest micro-batches up front, backwards of the latest
+  // ones to the end. Gang shards stay in their round (all members must move together).
+  std::vector<VisionPlacement> out = PlaceVisionNested(s, w);
+  const double step = tl.Makespan();
+  std::vector<double> warm(text.num_ranks(), 0.0), cool(text.num_ranks(), 0.0);
   for (int32_t r = 0; r < text.num_ranks(); ++r) {
-    double prev_end = 0;
-    for (OpId i = text.rank_begin(r); i < text.rank_end(r); ++i) {
-      OpKind k = text.kind(i);
-      if (text.module(i) != Module::kText || (k != OpKind::kF && k != OpKind::kB)) continue;
-      when[{r, static_cast<int>(k), text.chunk(i), text.mb(i)}] = {tl.start[i], tl.end[i]};
-      if (tl.start[i] > prev_end) gaps.push_back({r, Before(k, text.chunk(i), text.mb(i)), prev_end, tl.start[i] - prev_end});
-      prev_end = tl.end[i];
-    }
+    double first = step, last = 0;
+    for (OpId i = text.rank_begin(r); i < text.rank_end(r); ++i)
+      if (text.module(i) == Module::kText && (text.kind(i) == OpKind::kF || text.kind(i) == OpKind::kB))
+        first = std::min(first, tl.start[i]), last = std::max(last, tl.end[i]);
+    warm[r] = first, cool[r] = step - last;
   }
-  // Start from the nested placement; the forwards of the first pp micro-batches stay up
-  // front there.
-  std::vector<VisionPlacement> out = PlaceVisionNested(s, w, text, tl);
-  std::vector<size_t> all(w.vision.size());
-  std::iota(all.begin(), all.end(), 0);
-  // Remaining forwards, earliest deadline first, into the earliest gap (of any rank of the
-  // replica) that ends before the consumer's text forward starts.
-  std::vector<size_t> rest;
-  for (size_t i = 0; i < w.vision.size(); ++i)
-    if (w.vision[i].mb >= s.pp) rest.push_back(i);
-  auto deadline = [&](size_t i) { return when[{FirstStage(s, w.vision[i].d), 0, 0, w.vision[i].mb}].first; };
-  std::stable_sort(rest.begin(), rest.end(), [&](size_t a, size_t b) { return deadline(a) < deadline(b); });
-  for (size_t i : rest) {
-    const VisionTask& t = w.vision[i];
-    Gap* best = nullptr;
-    for (Gap& g : gaps)
-      if (text.ranks()[g.rank].dp == t.d && g.len >= t.seconds && g.start + t.seconds <= deadline(i) &&
-          (!best || g.start < best->start))
-        best = &g;
-    if (!best) continue;
-    out[i] = NestedAnchors(s, t, best->rank);
-    out[i].f = best->before;
-    best->start += t.seconds, best->len -= t.seconds;
+  auto b_seconds = [&](const VisionTask& t) { return t.seconds * t.b.flops / std::max(t.f.flops, 1.0); };
+  // Work the nested placement already puts there.
+  for (size_t i = 0; i < w.vision.size(); ++i) {
+    if (w.vision[i].mb < s.pp + 1) warm[out[i].rank] -= w.vision[i].seconds;
+    if (out[i].b.mb < 0) cool[out[i].rank] -= b_seconds(w.vision[i]);
   }
-  // Backwards, in order of their gradients (text B of chunk 0 ended), into a gap on the
-  // task's rank (its activations live there) after the gradient exists; else the nested
-  // anchor (the last group's backwards form the epilogue).
-  std::vector<size_t> order = all;
-  auto release = [&](size_t i) { return when[{FirstStage(s, w.vision[i].d), 1, 0, w.vision[i].mb}].second; };
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return release(a) < release(b); });
-  for (size_t i : order) {
+  std::vector<size_t> order(w.vision.size());
+  std::iota(order.begin(), order.end(), 0);
+  for (size_t i : order) {  // micro-batch order: earliest forwards first
     const VisionTask& t = w.vision[i];
-    const double dur = t.seconds * t.b.flops / std::max(t.f.flops, 1.0);
-    Gap* best = nullptr;
-    for (Gap& g : gaps)
-      if (g.rank == out[i].rank && g.len >= dur && g.start >= release(i) && (!best || g.start < best->start)) best = &g;
-    if (!best) continue;
-    out[i].b = best->before;
-    best->start += dur, best->len -= dur;
+    if (t.shard >= 0 || t.mb < s.pp + 1 || warm[out[i].rank] < t.seconds) continue;
+    warm[out[i].rank] -= t.seconds;
+    out[i].f = Before(OpKind::kF, 0, 0);
+  }
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {  // latest backwards first
+    const VisionTask& t = w.vision[*it];
+    if (t.shard >= 0 || out[*it].b.mb < 0 || cool[out[*it].rank] < b_seconds(t)) continue;
+    cool[out[*it].rank] -= b_seconds(t);
+    out[*it].b = End();
   }
   return out;
 }
@@ -191,7 +120,20 @@ std::vector<GeneratorPlacement> PlaceGenerator(const PipelineShape& s, const Mod
 
 Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const ModalityWork& w,
                       const ModalityWorkIds& ids, const std::vector<VisionPlacement>& vision,
-                      const std::vector<GeneratorPlacement>& generator) {
+                      const std::vector<GeneratorPlacement>& generator, TableBuilder* builder) {
+  // One group per gang: the ranks of its shards, in shard order.
+  std::map<std::tuple<int, int, int>, std::pair<int32_t, uint32_t>> gang;  // (d, mb, task) -> group, tag
+  {
+    std::map<std::tuple<int, int, int>, std::vector<int32_t>> members;
+    for (size_t i = 0; i < w.vision.size(); ++i)
+      if (w.vision[i].shard >= 0) members[{w.vision[i].d, w.vision[i].mb, w.vision[i].task}].push_back(vision[i].rank);
+    uint32_t next = 0;
+    for (auto& [key, ranks] : members) {
+      std::set<int32_t> distinct(ranks.begin(), ranks.end());
+      if (distinct.size() != ranks.size()) return Internal("a gang has two shards on one rank");
+      gang[key] = {builder->AddGroup(ranks), kGangTagBase + 4 * next++};
+    }
+  }
   // Position of every text compute op per rank.
   std::vector<std::map<std::tuple<int, int, int>, size_t>> pos(seqs->size());
   for (size_t r = 0; r < seqs->size(); ++r)
@@ -229,11 +171,14 @@ Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const 
     const VisionPlacement& p = vision[i];
     const int c = FirstStage(s, t.d);
     const uint32_t tag = kModalityTagBase + static_cast<uint32_t>(i) * 4;
-    OpKey base{0, OpKind::kF, Module::kVision, -1, t.mb, t.task, -1};
+    OpKey base{0, OpKind::kF, Module::kVision, t.shard, t.mb, t.task, -1};
+    uint32_t gang_tag = 0;
+    if (t.shard >= 0) std::tie(base.peer, gang_tag) = gang[{t.d, t.mb, t.task}];
     OpKey k = base;
     size_t fpos = at(p.rank, p.f), bpos = at(p.rank, p.b);
-    add(p.rank, fpos, 1, k, ids.vision_f[i]);
+    add(p.rank, fpos, 1, k, ids.vision_f[i], gang_tag);
     if (p.rank != c) {
+      k = base;
       k.kind = OpKind::kSendF, k.peer = c;
       add(p.rank, fpos, 1, k, ids.vision_out[i], tag);
       k.kind = OpKind::kRecvF, k.peer = p.rank;
@@ -245,10 +190,10 @@ Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const 
     }
     if (p.recompute) {
       k = base, k.kind = OpKind::kRecompute;
-      add(p.rank, bpos, 1, k, ids.vision_recompute[i]);
+      add(p.rank, bpos, 1, k, ids.vision_recompute[i], gang_tag ? gang_tag + 2 : 0);
     }
     k = base, k.kind = OpKind::kB;
-    add(p.rank, bpos, 1, k, ids.vision_b[i]);
+    add(p.rank, bpos, 1, k, ids.vision_b[i], gang_tag ? gang_tag + 1 : 0);
   }
   for (size_t i = 0; i < w.generator.size(); ++i) {
     const GeneratorPlacement& p = generator[i];

@@ -1,5 +1,7 @@
 #include "planner/plan.h"
 
+#include <optional>
+
 #include "planner/data.h"
 #include "planner/lower.h"
 #include "planner/modality.h"
@@ -30,10 +32,25 @@ StatusOr<std::pair<Table, Timeline>> TextTimeline(const Config& c) {
 
 Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch& batch, TableBuilder* b,
                    std::vector<RankSeq>* seqs, std::vector<ModalitySync>* sync) {
-  const ParallelConfig& p = c.parallel;
-  const bool decoupled = c.schedule.modality == ModalityPolicy::kDecoupled;
-  const int tasks_per_mb = c.schedule.modality == ModalityPolicy::kInline ? 1 : p.pp;
-  ModalityWork w = BuildModalityWork(c, batch, p.tp * p.cp, tasks_per_mb, decoupled && c.schedule.decoupled_recompute);
+  const ModalityPolicy policy = c.schedule.modality;
+  const bool decoupled = policy == ModalityPolicy::kDecoupled;
+  const bool timed = policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill;
+  // Nested and bubble-fill balance vision work against each rank's text compute per
+  // micro-batch (FLOP-equivalents at the GPU's achievable rate); bubble-fill also needs
+  // the predicted text timeline's idle gaps.
+  std::optional<std::pair<Table, Timeline>> text;
+  VisionPool pool;
+  pool.consumer_only = policy == ModalityPolicy::kInline;
+  if (timed && c.model.vision.enabled) {
+    ASSIGN_OR_RETURN(text, TextTimeline(c));
+    const GpuSpec& g = c.cluster.spec;
+    pool.rank_base.assign(text->first.num_ranks(), 0.0);
+    for (OpId i = 0; i < text->first.size(); ++i)
+      if (IsCompute(text->first.kind(i)))
+        pool.rank_base[text->first.rank(i)] += (text->second.end[i] - text->second.start[i]) / shape.m *
+                                               g.bf16_flops * g.compute_efficiency;
+  }
+  ModalityWork w = BuildModalityWork(c, batch, pool, decoupled && c.schedule.decoupled_recompute);
   ModalityWorkIds ids;
   for (const VisionTask& t : w.vision) {
     Work out;
@@ -48,20 +65,16 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
     ids.generator_b.push_back(b->AddWork(t.b));
   }
   std::vector<VisionPlacement> vision;
-  switch (c.schedule.modality) {
+  switch (policy) {
     case ModalityPolicy::kInline: vision = PlaceVisionInline(shape, w); break;
     case ModalityPolicy::kDecoupled: vision = PlaceVisionDecoupled(shape, w, c.schedule.decoupled_recompute); break;
-    case ModalityPolicy::kNested:
-    case ModalityPolicy::kBubbleFill: {
-      if (w.vision.empty()) break;
-      ASSIGN_OR_RETURN(auto text, TextTimeline(c));
-      vision = c.schedule.modality == ModalityPolicy::kNested ? PlaceVisionNested(shape, w, text.first, text.second)
-                                                              : PlaceVisionBubbleFill(shape, w, text.first, text.second);
+    case ModalityPolicy::kNested: vision = PlaceVisionNested(shape, w); break;
+    case ModalityPolicy::kBubbleFill:
+      if (text) vision = PlaceVisionBubbleFill(shape, w, text->first, text->second);
       break;
-    }
   }
   auto generator = PlaceGenerator(shape, w, decoupled);
-  RETURN_IF_ERROR(InsertModality(seqs, shape, w, ids, vision, generator));
+  RETURN_IF_ERROR(InsertModality(seqs, shape, w, ids, vision, generator, b));
   // Gradients of the FSDP-sharded modality parameters: full fp32 gradient in, shard out.
   for (auto [module, params] : {std::pair{Module::kVision, w.vision_params}, std::pair{Module::kGenerator, w.generator_params}}) {
     if (params <= 0) continue;
@@ -117,7 +130,7 @@ StatusOr<Table> BuildPlan(const Config& c) {
   }
   std::vector<RankInfo> ranks = MakeRanks(c);
   const double world = c.world();
-  ModalityWork params_only = Multimodal(c) ? BuildModalityWork(c, StepBatch{}, 1, 1, false) : ModalityWork{};
+  ModalityWork params_only = Multimodal(c) ? BuildModalityWork(c, StepBatch{}, VisionPool{}, false) : ModalityWork{};
   for (RankInfo& r : ranks) {
     for (int ch = 0; ch < p.vp; ++ch) r.params[0] += tw.params_per_gpu[ch * p.pp + r.pp];
     r.params[1] = params_only.vision_params / world;  // FSDP shards over every GPU

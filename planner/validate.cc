@@ -78,7 +78,7 @@ Status CheckPairs(const Table& t) {
 
   std::map<std::pair<int32_t, uint32_t>, std::vector<OpId>> instances;
   for (OpId i = 0; i < t.size(); ++i)
-    if (IsCollective(t.kind(i))) instances[{t.peer(i), t.tag(i)}].push_back(i);
+    if (t.grouped(i)) instances[{t.peer(i), t.tag(i)}].push_back(i);
   for (auto& [key, ops] : instances) {
     auto group = t.group(key.first);
     std::vector<int32_t> ranks;
@@ -218,13 +218,14 @@ Status CheckModality(const Table& t) {
   };
   // `prod` must reach `cons`: earlier on the same rank, or through a RECV of the
   // consumer's module/micro-batch/task on the consumer's rank whose SEND follows `prod`.
-  auto arrives = [&](OpId prod, OpId cons, Module recv_mod, OpKind recv_kind, int32_t task, const char* what) -> Status {
+  auto arrives = [&](OpId prod, OpId cons, Module recv_mod, OpKind recv_kind, int32_t chunk, int32_t task,
+                     const char* what) -> Status {
     if (prod == UINT32_MAX) return InvalidPlan(fmt::format("{}: {} does not exist", t.str(cons), what));
     if (t.rank(prod) == t.rank(cons)) {
       if (prod < cons) return Status::Ok();
       return InvalidPlan(fmt::format("{}: runs before {} {}", t.str(cons), what, t.str(prod)));
     }
-    OpId recv = find(t.rank(cons), recv_mod, recv_kind, -1, t.mb(cons), task);
+    OpId recv = find(t.rank(cons), recv_mod, recv_kind, chunk, t.mb(cons), task);
     if (recv == UINT32_MAX || recv > cons)
       return InvalidPlan(fmt::format("{}: runs before {} {} arrives", t.str(cons), what, t.str(prod)));
     OpId send = t.deps(recv).empty() ? UINT32_MAX : t.deps(recv)[0];
@@ -234,27 +235,38 @@ Status CheckModality(const Table& t) {
   };
   for (OpId i : modal) {
     const int32_t d = t.ranks()[t.rank(i)].dp, mb = t.mb(i), task = t.task(i);
-    const int32_t first = d * m.pp, last = d * m.pp + m.pp - 1;
-    if (t.module(i) == Module::kVision && t.kind(i) == OpKind::kF) {
-      OpId consumer = text(first, OpKind::kF, 0, mb);
-      if (consumer == UINT32_MAX) return InvalidPlan(fmt::format("{}: micro-batch {} has no text forward", t.str(i), mb));
-      RETURN_IF_ERROR(arrives(i, consumer, Module::kVision, OpKind::kRecvF, task, "its vision input"));
-    } else if (t.module(i) == Module::kVision) {
-      OpId fwd = find(t.rank(i), Module::kVision, OpKind::kF, -1, mb, task);
-      if (fwd == UINT32_MAX || fwd > i) return InvalidPlan(fmt::format("{}: runs before its vision forward on the same rank", t.str(i)));
-      OpId grad = text(first, OpKind::kB, 0, mb);
-      RETURN_IF_ERROR(arrives(grad, i, Module::kVision, OpKind::kRecvB, task, "the gradient from"));
+    const int32_t last = d * m.pp + m.pp - 1;
+    if (t.module(i) == Module::kVision) {
+      // The consumer: the peer of the task's SEND_F (or RECV_B), else the rank itself,
+      // which must then be a first stage.
+      const bool fwd = t.kind(i) == OpKind::kF;
+      OpId route = find(t.rank(i), Module::kVision, fwd ? OpKind::kSendF : OpKind::kRecvB, t.chunk(i), mb, task);
+      const int32_t consumer = route == UINT32_MAX ? t.rank(i) : t.peer(route);
+      if (t.ranks()[consumer].pp != 0)
+        return InvalidPlan(fmt::format("{}: its visual tokens never reach a first pipeline stage", t.str(i)));
+      if (fwd) {
+        OpId text_f = text(consumer, OpKind::kF, 0, mb);
+        if (text_f == UINT32_MAX) return InvalidPlan(fmt::format("{}: micro-batch {} has no text forward", t.str(i), mb));
+        RETURN_IF_ERROR(arrives(i, text_f, Module::kVision, OpKind::kRecvF, t.chunk(i), task, "its vision input"));
+      } else {
+        OpId fwd_op = find(t.rank(i), Module::kVision, OpKind::kF, t.chunk(i), mb, task);
+        if (fwd_op == UINT32_MAX || fwd_op > i)
+          return InvalidPlan(fmt::format("{}: runs before its vision forward on the same rank", t.str(i)));
+        RETURN_IF_ERROR(arrives(text(consumer, OpKind::kB, 0, mb), i, Module::kVision, OpKind::kRecvB, t.chunk(i), task,
+                                "the gradient from"));
+      }
     } else if (t.kind(i) == OpKind::kF) {
-      RETURN_IF_ERROR(arrives(text(last, OpKind::kF, m.vp - 1, mb), i, Module::kGenerator, OpKind::kRecvF, -1, "its input from"));
+      RETURN_IF_ERROR(
+          arrives(text(last, OpKind::kF, m.vp - 1, mb), i, Module::kGenerator, OpKind::kRecvF, -1, -1, "its input from"));
       OpId back = find(t.rank(i), Module::kGenerator, OpKind::kB, -1, mb, -1);
       if (back == UINT32_MAX || back < i) return InvalidPlan(fmt::format("{}: has no generator backward after it", t.str(i)));
       OpId text_b = text(last, OpKind::kB, m.vp - 1, mb);
       if (text_b == UINT32_MAX) return InvalidPlan(fmt::format("{}: micro-batch {} has no text backward", t.str(i), mb));
-      RETURN_IF_ERROR(arrives(back, text_b, Module::kText, OpKind::kRecvB, -1, "the generator gradient"));
+      RETURN_IF_ERROR(arrives(back, text_b, Module::kText, OpKind::kRecvB, -1, -1, "the generator gradient"));
     }
   }
   for (OpId i : modal)
-    if (t.kind(i) == OpKind::kF && find(t.rank(i), t.module(i), OpKind::kB, -1, t.mb(i), t.task(i)) == UINT32_MAX)
+    if (t.kind(i) == OpKind::kF && find(t.rank(i), t.module(i), OpKind::kB, t.chunk(i), t.mb(i), t.task(i)) == UINT32_MAX)
       return InvalidPlan(fmt::format("{}: has no backward on its rank", t.str(i)));
   return Status::Ok();
 }

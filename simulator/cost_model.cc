@@ -18,7 +18,8 @@ CostModel CostModel::Real(const GpuSpec& spec) {
   return m;
 }
 
-double CostModel::ComputeSeconds(const Work& w, int gpus, int tp, int ep, int gpus_per_node) const {
+double CostModel::ComputeSeconds(const Work& w, int gpus, int tp, int ep, int gpus_per_node,
+                                 bool fold_across_nodes) const {
   const GpuSpec& s = spec_;
   const double per_gpu = 1.0 / std::max(gpus, 1);
   double gemm_s = (w.flops - w.attn_flops) * per_gpu / (s.bf16_flops * s.compute_efficiency);
@@ -26,7 +27,9 @@ double CostModel::ComputeSeconds(const Work& w, int gpus, int tp, int ep, int gp
   double mem_s = w.hbm_bytes / (s.hbm_bw * s.hbm_efficiency);
   double t = gemm_s + attn_s + mem_s + w.kernels * s.launch_s;
   const double nvl = s.nvlink_bw * s.nvlink_efficiency, nic = s.nic_bw * s.nic_efficiency;
-  if (w.tp_calls > 0) t += w.tp_calls * s.intra_latency_s + w.tp_bytes / nvl;
+  if (w.tp_calls > 0)
+    t += fold_across_nodes ? w.tp_calls * s.inter_latency_s + w.tp_bytes / nic
+                           : w.tp_calls * s.intra_latency_s + w.tp_bytes / nvl;
   if (w.ep_calls > 0 && ep > 1) {
     // EP group: ep GPUs, `tp` apart; k of them share a node. Bytes to peers on the same
     // node go over NVLink, the rest over the NIC, in parallel.
@@ -98,6 +101,8 @@ std::vector<double> CostModel::Durations(const Table& t) const {
     } else if (IsCollective(k)) {
       auto [n, most, nodes] = groups[t.peer(i)];
       d[i] = CollectiveSeconds(k, w.payload_bytes, n, most, nodes);
+    } else if (t.grouped(i)) {  // a gang: its gather-KV runs at the group's tier
+      d[i] = ComputeSeconds(w, r.gpus, m.tp, m.ep, m.gpus_per_node, groups[t.peer(i)][2] > 1);
     } else {
       double& c = compute_cache[t.work_id(i)];
       if (c < 0) c = ComputeSeconds(w, r.gpus, m.tp, m.ep, m.gpus_per_node);

@@ -28,7 +28,10 @@ class CostModel {
   // Seconds for every op of the table.
   std::vector<double> Durations(const Table& t) const;
 
-  double ComputeSeconds(const Work& w, int gpus, int tp, int ep, int gpus_per_node) const;
+  // `fold_across_nodes`: the folded TP/CP collectives span nodes (a gang over ranks on
+  // several nodes) and run at NIC rather than NVLink speed.
+  double ComputeSeconds(const Work& w, int gpus, int tp, int ep, int gpus_per_node,
+                        bool fold_across_nodes = false) const;
   double P2PSeconds(double bytes, bool same_node) const;
   // n: group members; per_node: most members on one node; nodes: nodes spanned.
   double CollectiveSeconds(OpKind kind, double bytes, int n, int per_node, int nodes) const;

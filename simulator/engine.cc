@@ -53,7 +53,7 @@ class Engine {
   Status IndexCollectives() {
     std::unordered_map<uint64_t, uint32_t> index;
     for (OpId i = 0; i < t_.size(); ++i) {
-      if (!IsCollective(t_.kind(i))) continue;
+      if (!t_.grouped(i)) continue;
       uint64_t key = static_cast<uint64_t>(t_.peer(i)) << 32 | t_.tag(i);
       auto [it, inserted] = index.emplace(key, static_cast<uint32_t>(coll_.size()));
       if (inserted)
@@ -124,12 +124,31 @@ class Engine {
         progress = true;
         continue;
       }
-      double deps = DepsEnd(i);
-      if (deps < 0) return progress;
-      Finish(i, std::max(stream_end, deps), dur_[i]);
+      if (state_[i] == kIdle) {
+        double deps = DepsEnd(i);
+        if (deps < 0) return progress;
+        if (t_.grouped(i)) Post(i, std::max(stream_end, deps), r);  // a gang: all members at once
+        else Finish(i, std::max(stream_end, deps), dur_[i]);
+      }
+      if (state_[i] != kDone) return progress;
       stream_end = tl_.end[i];
       ++i;
       progress = true;
+    }
+  }
+
+  // Posts a collective or gang op ready at `at`; the last member to post starts them all.
+  void Post(OpId i, double at, int32_t r) {
+    state_[i] = kPosted;
+    tl_.start[i] = at;
+    Coll& c = coll_[coll_of_[i]];
+    c.ready = std::max(c.ready, at);
+    if (++c.posted < c.size) return;
+    double d = 0;
+    for (OpId m : c.members) d = std::max(d, dur_[m]);
+    for (OpId m : c.members) {
+      Finish(m, c.ready, d);
+      if (t_.rank(m) != r) Enqueue(t_.rank(m));
     }
   }
 
@@ -162,18 +181,7 @@ class Engine {
       if (state_[i] == kIdle) {
         double deps = DepsEnd(i);
         if (deps < 0) return progress;
-        state_[i] = kPosted;
-        tl_.start[i] = std::max(stream_end, deps);
-        Coll& c = coll_[coll_of_[i]];
-        c.ready = std::max(c.ready, tl_.start[i]);
-        if (++c.posted == c.size) {
-          double d = 0;
-          for (OpId m : c.members) d = std::max(d, dur_[m]);
-          for (OpId m : c.members) {
-            Finish(m, c.ready, d);
-            if (t_.rank(m) != r) Enqueue(t_.rank(m));
-          }
-        }
+        Post(i, std::max(stream_end, deps), r);
       }
       if (state_[i] != kDone) return progress;
       stream_end = tl_.end[i];
@@ -244,7 +252,7 @@ std::vector<OpId> CriticalPath(const Table& t, const Timeline& tl) {
   std::map<std::pair<int32_t, uint32_t>, std::vector<OpId>> instances;  // collective members
   for (OpId i = 0; i < t.size(); ++i) {
     if (IsRecv(t.kind(i)) && !t.deps(i).empty()) send_to_recv[t.deps(i)[0]] = i;
-    if (IsCollective(t.kind(i))) instances[{t.peer(i), t.tag(i)}].push_back(i);
+    if (t.grouped(i)) instances[{t.peer(i), t.tag(i)}].push_back(i);
   }
   auto close = [](double a, double b) {
     return std::abs(a - b) <= 1e-9 * std::max(1.0, std::abs(b));
@@ -269,7 +277,7 @@ std::vector<OpId> CriticalPath(const Table& t, const Timeline& tl) {
     if (IsP2P(t.kind(cur))) {
       OpId partner = IsSend(t.kind(cur)) ? send_to_recv[cur] : t.deps(cur)[0];
       candidates = {prev(cur), partner == UINT32_MAX ? UINT32_MAX : prev(partner)};
-    } else if (IsCollective(t.kind(cur))) {
+    } else if (t.grouped(cur)) {
       // Started when the last member was ready: any member's stream or dependencies.
       for (OpId m : instances[{t.peer(cur), t.tag(cur)}]) {
         candidates.insert(candidates.end(), t.deps(m).begin(), t.deps(m).end());
