@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <queue>
 #include <set>
 #include <tuple>
 
@@ -21,21 +22,55 @@ Anchor Before(OpKind k, int chunk, int mb) { return {k, chunk, mb, false}; }
 Anchor After(OpKind k, int chunk, int mb) { return {k, chunk, mb, true}; }
 Anchor End() { return {OpKind::kF, 0, -1, false}; }
 
-// Nested anchors for a task of micro-batch m. In the 1F1B steady state, step k of every
-// stage (its forward of k + warm-up and its backward of k) runs at about the same moment,
-// so anchoring on backward indices makes all stages run a round's encoder work in the
-// same step: the stalls overlap instead of adding up.
-//   forward:  before text backward (chunk 0) of m - pp - 1: two steps before the consumer's
-//             text forward of m; up front for the first pp + 1 micro-batches;
-//   backward: before text backward of m + pp: by then the first stage has produced the
-//             gradient, whatever the stage (at the end for the last pp micro-batches).
-// Encoder activations live about 2 pp + 1 steps: O(1) in the number of micro-batches.
-VisionPlacement NestedAnchors(const PipelineShape& s, const VisionTask& t, int rank) {
-  const int kf = t.mb - s.pp - 1, kb = t.mb + s.pp;
+// Predicted text timeline of every rank: its F/B ops in order with start and end times,
+// and where each first stage runs F and B of chunk 0 per micro-batch.
+class TextTimes {
+ public:
+  struct Op {
+    double start, end;
+    Anchor anchor;
+  };
+  TextTimes(const Table& t, const Timeline& tl) : ops_(t.num_ranks()) {
+    for (OpId i = 0; i < t.size(); ++i) {
+      OpKind k = t.kind(i);
+      if (t.module(i) != Module::kText || (k != OpKind::kF && k != OpKind::kB)) continue;
+      ops_[t.rank(i)].push_back({tl.start[i], tl.end[i], Anchor{k, t.chunk(i), t.mb(i), false}});
+    }
+  }
+  // Before the rank's first text op that starts at or after `time` (else at the end).
+  Anchor At(int rank, double time) const {
+    for (const Op& o : ops_[rank])
+      if (o.start >= time) return o.anchor;
+    return Anchor{OpKind::kF, 0, -1, false};
+  }
+  const Op* Find(int rank, OpKind k, int mb) const {
+    for (const Op& o : ops_[rank])
+      if (o.anchor.kind == k && o.anchor.chunk == 0 && o.anchor.mb == mb) return &o;
+    return nullptr;
+  }
+  double Start(int rank, OpKind k, int mb) const { return Find(rank, k, mb)->start; }
+  double End(int rank, OpKind k, int mb) const { return Find(rank, k, mb)->end; }
+
+ private:
+  std::vector<std::vector<Op>> ops_;
+};
+
+// Nested anchors, by predicted time so that they hold for any text schedule and put the
+// same round on every rank at the same moment (stalls overlap instead of adding up):
+//   forward of micro-batch m: when the consumer starts its text forward (chunk 0) of
+//     m - pp - 1, i.e. a round ahead (up front for the first pp + 1 micro-batches);
+//   backward: when the consumer ends its text backward (chunk 0) of m + pp: the gradient
+//     exists by then (the last pp micro-batches' backwards go to the end).
+// Inserting before the first text op that starts at/after such a time is dependency-safe:
+// what runs before it started before the consumer needed the output, and what runs after
+// it starts after the gradient was produced. Encoder activations live about 2 pp + 1
+// rounds per rank: O(1) in the number of micro-batches.
+VisionPlacement NestedAnchors(const PipelineShape& s, const TextTimes& times, const VisionTask& t, int rank) {
+  const int c = FirstStage(s, t.d), kf = t.mb - s.pp - 1, kb = t.mb + s.pp;
   VisionPlacement p;
   p.rank = rank;
-  p.f = kf < 0 ? Before(OpKind::kF, 0, 0) : Before(OpKind::kB, 0, kf);
-  p.b = kb < s.m ? Before(OpKind::kB, 0, kb) : End();
+  p.f = kf < 0 ? Before(OpKind::kF, 0, 0) : times.At(rank, times.Start(c, OpKind::kF, kf));
+  p.b = kb < s.m ? times.At(rank, times.End(c, OpKind::kB, kb)) : End();
   return p;
 }
 
@@ -56,49 +91,60 @@ std::vector<VisionPlacement> PlaceVisionDecoupled(const PipelineShape&, const Mo
   return out;
 }
 
-std::vector<VisionPlacement> PlaceVisionNested(const PipelineShape& s, const ModalityWork& w) {
+std::vector<VisionPlacement> PlaceVisionNested(const PipelineShape& s, const ModalityWork& w, const Table& text,
+                                               const Timeline& tl) {
   // On the ranks dynamic CP chose (balanced with the text load), anchored by NestedAnchors.
+  TextTimes times(text, tl);
   std::vector<VisionPlacement> out;
-  for (const VisionTask& t : w.vision) out.push_back(NestedAnchors(s, t, t.rank));
+  for (const VisionTask& t : w.vision) out.push_back(NestedAnchors(s, times, t, t.rank));
   return out;
 }
 
 std::vector<VisionPlacement> PlaceVisionBubbleFill(const PipelineShape& s, const ModalityWork& w, const Table& text,
                                                    const Timeline& tl) {
-  // Start from the nested placement (balanced, one round ahead), then move work into the
-  // idle time the text timeline predicts at each rank's start (before its first text op:
-  // the warm-up bubble) and end (after its last text op: the cool-down bubble), on the
-  // same rank: forwards of the earliest micro-batches up front, backwards of the latest
-  // ones to the end. Gang shards stay in their round (all members must move together).
-  std::vector<VisionPlacement> out = PlaceVisionNested(s, w);
+  // Start from the nested placement, then move whole-image tasks into the idle time the
+  // text timeline predicts before each rank's first text op (the warm-up bubble) and after
+  // its last one (the cool-down bubble), on whichever rank has the most such time left:
+  // forwards in micro-batch order while they still finish before their consumer's text
+  // forward, backwards from the last micro-batch back. Gang shards stay in their round.
+  std::vector<VisionPlacement> out = PlaceVisionNested(s, w, text, tl);
   const double step = tl.Makespan();
-  std::vector<double> warm(text.num_ranks(), 0.0), cool(text.num_ranks(), 0.0);
-  for (int32_t r = 0; r < text.num_ranks(); ++r) {
-    double first = step, last = 0;
-    for (OpId i = text.rank_begin(r); i < text.rank_end(r); ++i)
-      if (text.module(i) == Module::kText && (text.kind(i) == OpKind::kF || text.kind(i) == OpKind::kB))
-        first = std::min(first, tl.start[i]), last = std::max(last, tl.end[i]);
-    warm[r] = first, cool[r] = step - last;
-  }
+  TextTimes times(text, tl);
+  std::vector<double> first(text.num_ranks(), step), last(text.num_ranks(), 0.0);
+  for (OpId i = 0; i < text.size(); ++i)
+    if (text.module(i) == Module::kText && (text.kind(i) == OpKind::kF || text.kind(i) == OpKind::kB)) {
+      first[text.rank(i)] = std::min(first[text.rank(i)], tl.start[i]);
+      last[text.rank(i)] = std::max(last[text.rank(i)], tl.end[i]);
+    }
   auto b_seconds = [&](const VisionTask& t) { return t.seconds * t.b.flops / std::max(t.f.flops, 1.0); };
-  // Work the nested placement already puts there.
+  // Busy time already placed at each rank's start (nested up-front forwards) and end.
+  std::vector<double> head(text.num_ranks(), 0.0), tail(text.num_ranks(), 0.0);
   for (size_t i = 0; i < w.vision.size(); ++i) {
-    if (w.vision[i].mb < s.pp + 1) warm[out[i].rank] -= w.vision[i].seconds;
-    if (out[i].b.mb < 0) cool[out[i].rank] -= b_seconds(w.vision[i]);
+    if (w.vision[i].shard < 0) continue;  // gangs stay; whole-image tasks are candidates below
+    if (out[i].f.mb == 0 && out[i].f.kind == OpKind::kF && !out[i].f.after) head[out[i].rank] += w.vision[i].seconds;
+    if (out[i].b.mb < 0) tail[out[i].rank] += b_seconds(w.vision[i]);
   }
-  std::vector<size_t> order(w.vision.size());
-  std::iota(order.begin(), order.end(), 0);
-  for (size_t i : order) {  // micro-batch order: earliest forwards first
+  // Ranks by free warm-up time; a task moves when its forward fits there before its
+  // deadline and its backward fits in the same rank's cool-down.
+  using Slot = std::pair<double, int>;  // (free warm-up seconds, rank)
+  std::priority_queue<Slot> warm;
+  std::vector<double> cool(text.num_ranks());
+  for (int r = 0; r < text.num_ranks(); ++r) {
+    warm.push({first[r] - head[r], r});
+    cool[r] = step - last[r] - tail[r];
+  }
+  for (size_t i = 0; i < w.vision.size() && !warm.empty(); ++i) {
     const VisionTask& t = w.vision[i];
-    if (t.shard >= 0 || t.mb < s.pp + 1 || warm[out[i].rank] < t.seconds) continue;
-    warm[out[i].rank] -= t.seconds;
-    out[i].f = Before(OpKind::kF, 0, 0);
-  }
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {  // latest backwards first
-    const VisionTask& t = w.vision[*it];
-    if (t.shard >= 0 || out[*it].b.mb < 0 || cool[out[*it].rank] < b_seconds(t)) continue;
-    cool[out[*it].rank] -= b_seconds(t);
-    out[*it].b = End();
+    if (t.shard >= 0) continue;
+    const double deadline = times.Start(FirstStage(s, t.d), OpKind::kF, t.mb), back = b_seconds(t);
+    auto [free, r] = warm.top();
+    if (free < t.seconds) continue;  // too big for the largest warm-up time left
+    if (first[r] - free + t.seconds > deadline) continue;
+    warm.pop();
+    if (cool[r] < back) continue;  // this rank's cool-down is full: stop offering it
+    warm.push({free - t.seconds, r});
+    cool[r] -= back;
+    out[i] = VisionPlacement{r, Before(OpKind::kF, 0, 0), End(), false};
   }
   return out;
 }

@@ -48,9 +48,10 @@ std::vector<VisionPlacement> PlaceVisionInline(const PipelineShape& s, const Mod
 std::vector<VisionPlacement> PlaceVisionDecoupled(const PipelineShape& s, const ModalityWork& w, bool recompute);
 // The text-load-aware balancing of nested and bubble-fill happens in BuildModalityWork
 // (VisionPool::rank_base); these decide when each task runs.
-std::vector<VisionPlacement> PlaceVisionNested(const PipelineShape& s, const ModalityWork& w);
-// Bubble-fill fills the idle gaps of the predicted text timeline: `text` is the text-only
-// table (ids rank-major), `tl` its simulated timeline.
+// Nested and bubble-fill use the predicted text timeline: `text` is the text-only table
+// (ids rank-major), `tl` its simulated timeline.
+std::vector<VisionPlacement> PlaceVisionNested(const PipelineShape& s, const ModalityWork& w, const Table& text,
+                                               const Timeline& tl);
 std::vector<VisionPlacement> PlaceVisionBubbleFill(const PipelineShape& s, const ModalityWork& w, const Table& text,
                                                    const Timeline& tl);
 std::vector<GeneratorPlacement> PlaceGenerator(const PipelineShape& s, const ModalityWork& w, bool decoupled);

@@ -44,8 +44,8 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
   if (timed && c.model.vision.enabled) {
     ASSIGN_OR_RETURN(text, TextTimeline(c));
     const GpuSpec& g = c.cluster.spec;
-    pool.rank_base.assign(text->first.num_ranks(), 0.0);
-    for (OpId i = 0; i < text->first.size(); ++i)
+    if (getenv("PP_BASE")) pool.rank_base.assign(text->first.num_ranks(), 0.0);
+    for (OpId i = 0; i < text->first.size() && !pool.rank_base.empty(); ++i)
       if (IsCompute(text->first.kind(i)))
         pool.rank_base[text->first.rank(i)] += (text->second.end[i] - text->second.start[i]) / shape.m *
                                                g.bf16_flops * g.compute_efficiency;
@@ -68,7 +68,9 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
   switch (policy) {
     case ModalityPolicy::kInline: vision = PlaceVisionInline(shape, w); break;
     case ModalityPolicy::kDecoupled: vision = PlaceVisionDecoupled(shape, w, c.schedule.decoupled_recompute); break;
-    case ModalityPolicy::kNested: vision = PlaceVisionNested(shape, w); break;
+    case ModalityPolicy::kNested:
+      if (text) vision = PlaceVisionNested(shape, w, text->first, text->second);
+      break;
     case ModalityPolicy::kBubbleFill:
       if (text) vision = PlaceVisionBubbleFill(shape, w, text->first, text->second);
       break;
