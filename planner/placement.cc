@@ -118,33 +118,44 @@ std::vector<VisionPlacement> PlaceVisionBubbleFill(const PipelineShape& s, const
     }
   auto b_seconds = [&](const VisionTask& t) { return t.seconds * t.b.flops / std::max(t.f.flops, 1.0); };
   // Busy time already placed at each rank's start (nested up-front forwards) and end.
-  std::vector<double> head(text.num_ranks(), 0.0), tail(text.num_ranks(), 0.0);
+  std::vector<double> head(text.num_ranks(), 0.0), tail(text.num_ranks(), 0.0);  // seconds
   for (size_t i = 0; i < w.vision.size(); ++i) {
+    if (out[i].b.mb < 0) tail[out[i].rank] += b_seconds(w.vision[i]);  // released if the task moves
     if (w.vision[i].shard < 0) continue;  // gangs stay; whole-image tasks are candidates below
     if (out[i].f.mb == 0 && out[i].f.kind == OpKind::kF && !out[i].f.after) head[out[i].rank] += w.vision[i].seconds;
-    if (out[i].b.mb < 0) tail[out[i].rank] += b_seconds(w.vision[i]);
   }
-  // Ranks by free warm-up time; a task moves when its forward fits there before its
-  // deadline and its backward fits in the same rank's cool-down.
+  // Ranks by free warm-up time. A task moves to the rank with the most, when its forward
+  // fits there before its deadline and its backward, queued in the rank's cool-down after
+  // its gradient exists, still ends within the step.
   using Slot = std::pair<double, int>;  // (free warm-up seconds, rank)
   std::priority_queue<Slot> warm;
-  std::vector<double> cool(text.num_ranks());
+  std::vector<double> cool_at(text.num_ranks());  // when the rank's cool-down queue frees up
   for (int r = 0; r < text.num_ranks(); ++r) {
     warm.push({first[r] - head[r], r});
-    cool[r] = step - last[r] - tail[r];
+    cool_at[r] = last[r] + tail[r];
   }
   for (size_t i = 0; i < w.vision.size() && !warm.empty(); ++i) {
     const VisionTask& t = w.vision[i];
     if (t.shard >= 0) continue;
-    const double deadline = times.Start(FirstStage(s, t.d), OpKind::kF, t.mb), back = b_seconds(t);
-    auto [free, r] = warm.top();
-    if (free < t.seconds) continue;  // too big for the largest warm-up time left
-    if (first[r] - free + t.seconds > deadline) continue;
-    warm.pop();
-    if (cool[r] < back) continue;  // this rank's cool-down is full: stop offering it
-    warm.push({free - t.seconds, r});
-    cool[r] -= back;
-    out[i] = VisionPlacement{r, Before(OpKind::kF, 0, 0), End(), false};
+    const int c = FirstStage(s, t.d);
+    const double deadline = times.Start(c, OpKind::kF, t.mb), release = times.End(c, OpKind::kB, t.mb);
+    const double back = b_seconds(t);
+    std::vector<Slot> tried;  // the few ranks with the most warm-up time, best first
+    for (int attempt = 0; attempt < 8 && !warm.empty(); ++attempt) {
+      auto [free, r] = warm.top();
+      warm.pop();
+      const double done = std::max(cool_at[r], release) + back;
+      if (free < t.seconds || first[r] - free + t.seconds > deadline || done > step) {
+        tried.push_back({free, r});
+        continue;
+      }
+      tried.push_back({free - t.seconds, r});
+      cool_at[r] = done;
+      if (out[i].b.mb < 0) cool_at[out[i].rank] -= back;
+      out[i] = VisionPlacement{r, Before(OpKind::kF, 0, 0), End(), false};
+      break;
+    }
+    for (const Slot& x : tried) warm.push(x);
   }
   return out;
 }
