@@ -59,8 +59,9 @@ Table TableFromOps(const std::vector<std::vector<std::string>>& ranks, int pp, i
   bw.flops = 2, bw.mem_delta_bytes = -1;
   p2p.payload_bytes = 1;
   WorkId wf = b.AddWork(f), wb = b.AddWork(bw), wp = b.AddWork(p2p);
-  // (sender, receiver, is_backward, mb) -> queue of handles
-  std::map<std::tuple<int, int, bool, int>, std::vector<TableBuilder::Handle>> sends, recvs;
+  // (sender, receiver, is_backward, module, mb, task, chunk for modality shards) -> handles
+  using Key = std::tuple<int, int, bool, int, int, int, int>;
+  std::map<Key, std::vector<TableBuilder::Handle>> sends, recvs;
   uint32_t next_tag = 1;
   for (auto& seq : ranks) {
     for (auto& s : seq) {
@@ -71,8 +72,9 @@ Table TableFromOps(const std::vector<std::vector<std::string>>& ranks, int pp, i
       uint32_t tag = IsCollective(k) ? CollectiveTag(k, key->module, key->chunk) : 0;
       auto h = b.AddAndAppend(*key, w, tag);
       bool bwd = k == OpKind::kSendB || k == OpKind::kRecvB;
-      if (IsSend(k)) sends[{key->rank, key->peer, bwd, key->mb}].push_back(h);
-      if (IsRecv(k)) recvs[{key->peer, key->rank, bwd, key->mb}].push_back(h);
+      int mod = static_cast<int>(key->module), shard = key->module == Module::kText ? 0 : key->chunk;
+      if (IsSend(k)) sends[{key->rank, key->peer, bwd, mod, key->mb, key->task, shard}].push_back(h);
+      if (IsRecv(k)) recvs[{key->peer, key->rank, bwd, mod, key->mb, key->task, shard}].push_back(h);
     }
   }
   // Pair in order of appearance; the pair's tag is set after Finish.
