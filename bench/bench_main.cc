@@ -95,6 +95,24 @@ void BM_Engine(benchmark::State& state) {
 }
 BENCHMARK(BM_Engine)->Unit(benchmark::kMillisecond)->MinTime(2);
 
+// Replanning one step of the K3-scale config on 1,024 GPUs with a fresh batch of images:
+// data, balancing, dynamic CP sub-groups, bubble-fill placement (with its text timeline),
+// lowering. One new seed per iteration.
+void BM_ReplanK3Step(benchmark::State& state) {
+  const std::string path = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/k3_scale.yaml";
+  uint64_t seed = 0;
+  size_t ops = 0;
+  for (auto _ : state) {
+    auto c = LoadConfig(path, {"cluster.nodes=128", fmt::format("data.seed={}", ++seed)});
+    if (!c.ok()) return state.SkipWithError(c.status().message().c_str());
+    Table t = MustPlan(*c);
+    ops = t.size();
+    benchmark::DoNotOptimize(t);
+  }
+  state.counters["ops"] = static_cast<double>(ops);
+}
+BENCHMARK(BM_ReplanK3Step)->Unit(benchmark::kMillisecond)->MinTime(2);
+
 // Baseline: a bare dependent pass over 10M pre-ordered ops (start = max(prev end, x)).
 void BM_BarePass(benchmark::State& state) {
   const size_t n = 10'000'000;

@@ -78,17 +78,20 @@ StatusOr<Table> TableBuilder::Finish(PlanMeta meta) {
     t.mb_[i] = k.mb, t.task_[i] = k.task, t.peer_[i] = k.peer;
     t.tag_[i] = extra_[h].tag, t.work_[i] = extra_[h].work;
   }
-  // CSR of dependencies, sorted by op then by dependency id (deterministic).
-  std::vector<std::pair<OpId, OpId>> e(edges_.size());
-  for (size_t j = 0; j < edges_.size(); ++j)
-    e[j] = {id_of[edges_[j].first], id_of[edges_[j].second]};
-  std::sort(e.begin(), e.end());
-  e.erase(std::unique(e.begin(), e.end()), e.end());
+  // CSR of dependencies (counting sort by op), each op's list sorted and deduplicated.
+  std::vector<uint32_t> begin(n + 1, 0);
+  for (auto& [op, on] : edges_) ++begin[id_of[op] + 1];
+  for (size_t i = 0; i < n; ++i) begin[i + 1] += begin[i];
+  std::vector<uint32_t> deps(edges_.size()), fill(begin.begin(), begin.end() - 1);
+  for (auto& [op, on] : edges_) deps[fill[id_of[op]]++] = id_of[on];
   t.dep_begin_.assign(n + 1, 0);
-  for (auto& [op, on] : e) ++t.dep_begin_[op + 1];
-  for (size_t i = 0; i < n; ++i) t.dep_begin_[i + 1] += t.dep_begin_[i];
-  t.deps_.resize(e.size());
-  for (size_t j = 0; j < e.size(); ++j) t.deps_[j] = e[j].second;
+  t.deps_.reserve(deps.size());
+  for (size_t i = 0; i < n; ++i) {
+    auto first = deps.begin() + begin[i], last = deps.begin() + begin[i + 1];
+    std::sort(first, last);
+    t.deps_.insert(t.deps_.end(), first, std::unique(first, last));
+    t.dep_begin_[i + 1] = static_cast<uint32_t>(t.deps_.size());
+  }
   t.ranks_ = std::move(ranks_);
   t.works_ = std::move(works_);
   t.group_begin_ = std::move(group_begin_);

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include <unordered_map>
+#include <algorithm>
 
 namespace pipeplan {
 
@@ -109,13 +109,13 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
   size_t total = 0;
   for (const RankSeq& s : seqs) total += s.size();
   b->Reserve(total);
-  std::unordered_map<uint32_t, TableBuilder::Handle> sends;
-  std::vector<std::pair<TableBuilder::Handle, uint32_t>> recvs;
+  using Tagged = std::pair<uint32_t, TableBuilder::Handle>;  // (tag, op)
+  std::vector<Tagged> sends, recvs;
   sends.reserve(total / 4);
   recvs.reserve(total / 4);
   for (RankSeq& seq : seqs) {
-    // Last backward per (module, chunk) seen so far, and gradient collectives of the rank.
-    std::unordered_map<int64_t, TableBuilder::Handle> last_backward;
+    // Last backward per (module, chunk) so far, and the rank's gradient collectives.
+    std::vector<std::pair<int64_t, TableBuilder::Handle>> last_backward;
     std::vector<TableBuilder::Handle> grad_collectives;
     TableBuilder::Handle opt_step = UINT32_MAX;
     for (const PendingOp& op : seq) {
@@ -124,29 +124,35 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
       // Text gradients sync per chunk; modality gradients once per module (chunks are shards).
       const int32_t chunk = k.module == Module::kText ? k.chunk : -1;
       const int64_t mc = static_cast<int64_t>(k.module) << 32 | static_cast<uint32_t>(chunk);
+      auto last = std::find_if(last_backward.begin(), last_backward.end(), [&](auto& x) { return x.first == mc; });
       if (IsSend(k.kind)) {
-        if (!sends.emplace(op.tag, h).second)
-          return Internal(fmt::format("two sends share tag {} ({})", op.tag, FormatOp(k)));
+        sends.push_back({op.tag, h});
       } else if (IsRecv(k.kind)) {
-        recvs.push_back({h, op.tag});
+        recvs.push_back({op.tag, h});
       } else if (k.kind == OpKind::kB || k.kind == OpKind::kW) {
-        last_backward[mc] = h;
+        if (last == last_backward.end()) last_backward.push_back({mc, h});
+        else last->second = h;
       } else if (k.kind == OpKind::kOptStep) {
         opt_step = h;
         for (TableBuilder::Handle c : grad_collectives) b->AddDep(h, c);
       } else if (k.kind == OpKind::kAllGather && opt_step != UINT32_MAX) {
         b->AddDep(h, opt_step);
       } else if (IsCollective(k.kind)) {
-        auto it = last_backward.find(mc);
-        if (it != last_backward.end()) b->AddDep(h, it->second);
+        if (last != last_backward.end()) b->AddDep(h, last->second);
         grad_collectives.push_back(h);
       }
     }
   }
-  for (auto [h, tag] : recvs) {
-    auto it = sends.find(tag);
-    if (it == sends.end()) return Internal(fmt::format("no send for {}", FormatOp(b->key(h))));
-    b->AddDep(h, it->second);
+  std::sort(sends.begin(), sends.end());
+  std::sort(recvs.begin(), recvs.end());
+  for (size_t i = 1; i < sends.size(); ++i)
+    if (sends[i].first == sends[i - 1].first)
+      return Internal(fmt::format("two sends share tag {} ({})", sends[i].first, FormatOp(b->key(sends[i].second))));
+  size_t j = 0;
+  for (auto [tag, h] : recvs) {
+    while (j < sends.size() && sends[j].first < tag) ++j;
+    if (j == sends.size() || sends[j].first != tag) return Internal(fmt::format("no send for {}", FormatOp(b->key(h))));
+    b->AddDep(h, sends[j].second);
   }
   return Status::Ok();
 }

@@ -238,10 +238,7 @@ void AddVisionTasks(const Config& c, const StepBatch& batch, int m, const Vision
   const int world = dp * p.pp * G;
   auto rank_of = [&](int gpu) { return (gpu % (dp * G)) / G * p.pp + gpu / (dp * G); };
   carry->resize(world, 0.0);
-  std::vector<double> base = *carry;
-  if (!pool.rank_base.empty())
-    for (int g = 0; g < world; ++g) base[g] += pool.rank_base[rank_of(g)] * (m + 1);
-  CpPlan plan = PlanVisionCp(c, patches, world, base);
+  CpPlan plan = PlanVisionCp(c, patches, world, *carry);
   for (int g = 0; g < world; ++g) (*carry)[g] += plan.gpu_flops[g];
   std::map<std::pair<int, int>, std::vector<int64_t>> whole;  // (rank, source replica) -> images
   std::vector<const CpItem*> gangs;

@@ -66,11 +66,9 @@ struct ModalityWork {
   double generator_params = 0;           // total generator parameters
 };
 
-// Where vision work may run: only on the consumer (inline), or on any GPU of the job
-// (rank_base: load already on each rank per micro-batch round, FLOPs; may be empty).
+// Where vision work may run: only on the consumer (inline), or on any GPU of the job.
 struct VisionPool {
   bool consumer_only = false;
-  std::vector<double> rank_base;
 };
 // Tasks of every micro-batch (see AddVisionTasks in modality.cc for how images become
 // tasks and gangs). `recompute_outputs_only`: decoupled DEP (F keeps the output;

@@ -30,7 +30,8 @@ class TextTimes {
     double start, end;
     Anchor anchor;
   };
-  TextTimes(const Table& t, const Timeline& tl) : ops_(t.num_ranks()) {
+  // `t`: one replica's plan; ranks of any replica map to its stages.
+  TextTimes(const Table& t, const Timeline& tl) : pp_(t.meta().pp), ops_(t.num_ranks()) {
     for (OpId i = 0; i < t.size(); ++i) {
       OpKind k = t.kind(i);
       if (t.module(i) != Module::kText || (k != OpKind::kF && k != OpKind::kB)) continue;
@@ -39,12 +40,12 @@ class TextTimes {
   }
   // Before the rank's first text op that starts at or after `time` (else at the end).
   Anchor At(int rank, double time) const {
-    for (const Op& o : ops_[rank])
+    for (const Op& o : ops_[rank % pp_])
       if (o.start >= time) return o.anchor;
     return Anchor{OpKind::kF, 0, -1, false};
   }
   const Op* Find(int rank, OpKind k, int mb) const {
-    for (const Op& o : ops_[rank])
+    for (const Op& o : ops_[rank % pp_])
       if (o.anchor.kind == k && o.anchor.chunk == 0 && o.anchor.mb == mb) return &o;
     return nullptr;
   }
@@ -52,6 +53,7 @@ class TextTimes {
   double End(int rank, OpKind k, int mb) const { return Find(rank, k, mb)->end; }
 
  private:
+  int pp_;
   std::vector<std::vector<Op>> ops_;
 };
 
@@ -110,15 +112,17 @@ std::vector<VisionPlacement> PlaceVisionBubbleFill(const PipelineShape& s, const
   std::vector<VisionPlacement> out = PlaceVisionNested(s, w, text, tl);
   const double step = tl.Makespan();
   TextTimes times(text, tl);
-  std::vector<double> first(text.num_ranks(), step), last(text.num_ranks(), 0.0);
+  const int ranks = s.dp * s.pp;
+  std::vector<double> first(ranks, step), last(ranks, 0.0);  // by stage of the one-replica timeline
   for (OpId i = 0; i < text.size(); ++i)
-    if (text.module(i) == Module::kText && (text.kind(i) == OpKind::kF || text.kind(i) == OpKind::kB)) {
-      first[text.rank(i)] = std::min(first[text.rank(i)], tl.start[i]);
-      last[text.rank(i)] = std::max(last[text.rank(i)], tl.end[i]);
-    }
+    if (text.module(i) == Module::kText && (text.kind(i) == OpKind::kF || text.kind(i) == OpKind::kB))
+      for (int r = text.rank(i); r < ranks; r += s.pp) {
+        first[r] = std::min(first[r], tl.start[i]);
+        last[r] = std::max(last[r], tl.end[i]);
+      }
   auto b_seconds = [&](const VisionTask& t) { return t.seconds * t.b.flops / std::max(t.f.flops, 1.0); };
   // Busy time already placed at each rank's start (nested up-front forwards) and end.
-  std::vector<double> head(text.num_ranks(), 0.0), tail(text.num_ranks(), 0.0);  // seconds
+  std::vector<double> head(ranks, 0.0), tail(ranks, 0.0);  // seconds
   for (size_t i = 0; i < w.vision.size(); ++i) {
     if (out[i].b.mb < 0) tail[out[i].rank] += b_seconds(w.vision[i]);  // released if the task moves
     if (w.vision[i].shard < 0) continue;  // gangs stay; whole-image tasks are candidates below
@@ -129,8 +133,8 @@ std::vector<VisionPlacement> PlaceVisionBubbleFill(const PipelineShape& s, const
   // its gradient exists, still ends within the step.
   using Slot = std::pair<double, int>;  // (free warm-up seconds, rank)
   std::priority_queue<Slot> warm;
-  std::vector<double> cool_at(text.num_ranks());  // when the rank's cool-down queue frees up
-  for (int r = 0; r < text.num_ranks(); ++r) {
+  std::vector<double> cool_at(ranks);  // when the rank's cool-down queue frees up
+  for (int r = 0; r < ranks; ++r) {
     warm.push({first[r] - head[r], r});
     cool_at[r] = last[r] + tail[r];
   }

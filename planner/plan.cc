@@ -21,11 +21,14 @@ PipelineKind EffectivePipeline(const Config& c) {
   return c.schedule.pipeline;
 }
 
-// The predicted timeline of the same plan without the vision encoder (text and generator):
-// nested and bubble-fill anchor vision work on its times and fill its idle gaps.
+// The predicted timeline of one DP replica of the same plan without the vision encoder
+// (text and generator): nested and bubble-fill anchor vision work on its times and fill
+// its idle gaps. Replicas run the same text schedule, so one stands for all (its stages
+// sit on neighbouring GPUs, so its p2p transfers are a little optimistic).
 StatusOr<std::pair<Table, Timeline>> TextTimeline(const Config& c) {
   Config text = c;
   text.model.vision.enabled = false;
+  text.parallel.dp = 1;
   ASSIGN_OR_RETURN(Table t, BuildPlan(text));
   ASSIGN_OR_RETURN(Timeline tl, Simulate(t, CostModel::Real(c.cluster.spec).Durations(t)));
   return std::make_pair(std::move(t), std::move(tl));
@@ -36,20 +39,13 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
   const ModalityPolicy policy = c.schedule.modality;
   const bool decoupled = policy == ModalityPolicy::kDecoupled;
   const bool timed = policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill;
-  // Nested and bubble-fill balance vision work against each rank's text compute per
-  // micro-batch (FLOP-equivalents at the GPU's achievable rate); bubble-fill also needs
-  // the predicted text timeline's idle gaps.
+  // Nested and bubble-fill place vision work on the predicted timeline of the plan
+  // without it.
   std::optional<std::pair<Table, Timeline>> text;
   VisionPool pool;
   pool.consumer_only = policy == ModalityPolicy::kInline;
   if (timed && c.model.vision.enabled) {
     ASSIGN_OR_RETURN(text, TextTimeline(c));
-    const GpuSpec& g = c.cluster.spec;
-    if (getenv("PP_BASE")) pool.rank_base.assign(text->first.num_ranks(), 0.0);
-    for (OpId i = 0; i < text->first.size() && !pool.rank_base.empty(); ++i)
-      if (IsCompute(text->first.kind(i)))
-        pool.rank_base[text->first.rank(i)] += (text->second.end[i] - text->second.start[i]) / shape.m *
-                                               g.bf16_flops * g.compute_efficiency;
   }
   ModalityWork w = BuildModalityWork(c, batch, pool, decoupled && c.schedule.decoupled_recompute);
   ModalityWorkIds ids;
