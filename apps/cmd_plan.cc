@@ -53,7 +53,7 @@ Command MakePlanCommand() {
     fmt::print("micro-batches: {} per replica, {} per step\n", m.microbatches,
                m.microbatches * m.dp);
     fmt::print("ops: {}\n", t.size());
-    for (auto& [k, n] : by_kind) fmt::print("  {:<16} {}\n", k, n);
+    for (auto& [k, n] : by_kind) fmt::print("  {:<22} {}\n", k, n);
     if (!o->output.empty()) fmt::print("wrote {}\n", o->output);
     return 0;
   };

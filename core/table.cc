@@ -136,7 +136,8 @@ Status TableColumns::CheckConsistent() const {
       return InvalidInput(fmt::format("op {} has an unknown kind or module", i));
     if (IsP2P(t.kind_[i]) && (t.peer_[i] < 0 || t.peer_[i] >= t.num_ranks()))
       return InvalidInput(fmt::format("op {} sends to a missing rank", i));
-    if ((IsCollective(t.kind_[i]) && t.peer_[i] < 0) || (!IsP2P(t.kind_[i]) && t.peer_[i] >= t.num_groups()))
+    if ((IsCollective(t.kind_[i]) && t.peer_[i] < 0) ||
+        (!IsP2P(t.kind_[i]) && t.peer_[i] >= t.num_groups()))
       return InvalidInput(fmt::format("op {} uses a missing group", i));
   }
   return Status::Ok();

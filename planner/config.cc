@@ -428,14 +428,21 @@ void CheckConsistency(Config* c, Ctx* ctx) {
                        fmt::format("group size must be >= pp = {}", p.pp));
   if (t.zero_stage > 2) return ctx->FailAt("training.zero_stage", "zero_stage must be 0, 1 or 2");
   const bool multimodal = c->model.vision.enabled || c->model.generator.enabled;
-  if (!multimodal && (!c->data.images.empty() || !c->data.manifest.empty() || c->data.images_per_sample > 0))
-    return ctx->FailAt(c->data.manifest.empty() ? "data.images" : "data.manifest", "image data needs model.vision");
-  if (c->model.vision.enabled && c->data.manifest.empty() && (c->data.images.empty() || c->data.images_per_sample == 0))
-    return ctx->FailAt("data", "model.vision needs data.images with data.images_per_sample >= 1, or data.manifest");
+  if (!multimodal &&
+      (!c->data.images.empty() || !c->data.manifest.empty() || c->data.images_per_sample > 0))
+    return ctx->FailAt(c->data.manifest.empty() ? "data.images" : "data.manifest",
+                       "image data needs model.vision");
+  if (c->model.vision.enabled && c->data.manifest.empty() &&
+      (c->data.images.empty() || c->data.images_per_sample == 0))
+    return ctx->FailAt(
+        "data",
+        "model.vision needs data.images with data.images_per_sample >= 1, or data.manifest");
   if (c->model.generator.enabled && c->data.manifest.empty() && c->data.generate_height == 0)
-    return ctx->FailAt("data", "model.generator needs data.generate {height, width}, or data.manifest");
+    return ctx->FailAt("data",
+                       "model.generator needs data.generate {height, width}, or data.manifest");
   if (c->schedule.modality == ModalityPolicy::kDecoupled && c->model.generator.enabled && p.vp > 1)
-    return ctx->FailAt("schedule.modality", "decoupled with a generator runs all LLM forwards first and needs vp = 1");
+    return ctx->FailAt("schedule.modality",
+                       "decoupled with a generator runs all LLM forwards first and needs vp = 1");
   if (c->data.text_tokens > t.seq_length * t.micro_batch_size)
     return ctx->FailAt(
         "data.text_tokens",

@@ -28,7 +28,8 @@ int64_t VisualTokens(const Config& c, const Sample& s) {
   const VisionConfig& v = c.model.vision;
   if (!v.enabled) return 0;
   int64_t t = 0;
-  for (const Image& img : s.images) t += (Patches(img, v.patch) + v.merge * v.merge - 1) / (v.merge * v.merge);
+  for (const Image& img : s.images)
+    t += (Patches(img, v.patch) + v.merge * v.merge - 1) / (v.merge * v.merge);
   return t;
 }
 
@@ -49,7 +50,8 @@ Sample DrawSample(const Config& c, Rng* rng, int index, int64_t capacity) {
     if (text + VisualTokens(c, s) > capacity) s.images.pop_back();
   }
   s.gen_height = d.generate_height, s.gen_width = d.generate_width;
-  s.text_tokens = d.text_tokens > 0 ? d.text_tokens : std::max<int64_t>(1, capacity - VisualTokens(c, s));
+  s.text_tokens =
+      d.text_tokens > 0 ? d.text_tokens : std::max<int64_t>(1, capacity - VisualTokens(c, s));
   return s;
 }
 
@@ -62,7 +64,9 @@ StatusOr<std::vector<Sample>> ReadManifest(const Config& c) {
   for (std::string line; std::getline(in, line);) {
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    auto bad = [&](const std::string& why) { return InvalidInput(fmt::format("{}:{}: {}", path, line_no, why)); };
+    auto bad = [&](const std::string& why) {
+      return InvalidInput(fmt::format("{}:{}: {}", path, line_no, why));
+    };
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
@@ -82,19 +86,24 @@ StatusOr<std::vector<Sample>> ReadManifest(const Config& c) {
         } else if (key == "images") {
           for (auto& im : value) s.images.push_back({im.at(0).get<int>(), im.at(1).get<int>(), 1});
         } else if (key == "videos") {
-          for (auto& v : value) s.images.push_back({v.at(1).get<int>(), v.at(2).get<int>(), v.at(0).get<int>()});
+          for (auto& v : value)
+            s.images.push_back({v.at(1).get<int>(), v.at(2).get<int>(), v.at(0).get<int>()});
         } else if (key == "generate") {
           s.gen_height = value.at(0).get<int>(), s.gen_width = value.at(1).get<int>();
         } else {
-          return bad(fmt::format("unknown key '{}' (expected id, text_tokens, images, videos, generate)", key));
+          return bad(fmt::format(
+              "unknown key '{}' (expected id, text_tokens, images, videos, generate)", key));
         }
       } catch (const nlohmann::json::exception&) {
-        return bad(fmt::format("bad value for '{}' (images: [[h, w], ...], videos: [[frames, h, w], ...], "
-                               "generate: [h, w], text_tokens: integer)", key));
+        return bad(
+            fmt::format("bad value for '{}' (images: [[h, w], ...], videos: [[frames, h, w], ...], "
+                        "generate: [h, w], text_tokens: integer)",
+                        key));
       }
     }
     for (const Image& img : s.images)
-      if (img.height < 1 || img.width < 1 || img.frames < 1) return bad("image sizes and frame counts must be >= 1");
+      if (img.height < 1 || img.width < 1 || img.frames < 1)
+        return bad("image sizes and frame counts must be >= 1");
     out.push_back(std::move(s));
   }
   if (out.empty()) return InvalidInput(fmt::format("{}: no samples", path));
@@ -104,7 +113,8 @@ StatusOr<std::vector<Sample>> ReadManifest(const Config& c) {
 }  // namespace
 
 int64_t Patches(const Image& img, int patch) {
-  return static_cast<int64_t>((img.height + patch - 1) / patch) * ((img.width + patch - 1) / patch) * img.frames;
+  return static_cast<int64_t>((img.height + patch - 1) / patch) *
+         ((img.width + patch - 1) / patch) * img.frames;
 }
 
 double VisionImageFlops(const Config& c, int64_t patches) {
@@ -119,7 +129,8 @@ double VisionImageFlops(const Config& c, int64_t patches) {
 
 StatusOr<StepBatch> MakeStepBatch(const Config& c) {
   const int dp = c.parallel.dp, m = c.training.microbatches;
-  const int64_t capacity = static_cast<int64_t>(c.training.seq_length) * c.training.micro_batch_size;
+  const int64_t capacity =
+      static_cast<int64_t>(c.training.seq_length) * c.training.micro_batch_size;
   const size_t needed = static_cast<size_t>(dp) * m;
   std::vector<Sample> manifest;
   if (!c.data.manifest.empty()) {
@@ -133,9 +144,11 @@ StatusOr<StepBatch> MakeStepBatch(const Config& c) {
     if (!manifest.empty()) {
       if (i == manifest.size()) {
         if (mbs.size() == needed && !mbs.back().samples.empty()) break;
-        return InvalidInput(fmt::format("{}: {} samples pack into {} micro-batches; the step needs {} "
-                                        "(dp {} x {} micro-batches)", c.data.manifest, manifest.size(),
-                                        mbs.size() - mbs.back().samples.empty(), needed, dp, m));
+        return InvalidInput(
+            fmt::format("{}: {} samples pack into {} micro-batches; the step needs {} "
+                        "(dp {} x {} micro-batches)",
+                        c.data.manifest, manifest.size(), mbs.size() - mbs.back().samples.empty(),
+                        needed, dp, m));
       }
       s = manifest[i];
     } else {
@@ -143,8 +156,10 @@ StatusOr<StepBatch> MakeStepBatch(const Config& c) {
     }
     const int64_t visual = VisualTokens(c, s), tokens = s.text_tokens + visual;
     if (tokens > capacity)
-      return InvalidInput(fmt::format("{}: {} text + {} visual tokens do not fit in a micro-batch of {} tokens "
-                                      "(seq_length x micro_batch_size)", s.name, s.text_tokens, visual, capacity));
+      return InvalidInput(
+          fmt::format("{}: {} text + {} visual tokens do not fit in a micro-batch of {} tokens "
+                      "(seq_length x micro_batch_size)",
+                      s.name, s.text_tokens, visual, capacity));
     if (mbs.back().text_tokens + mbs.back().visual_tokens + tokens > capacity) {
       if (mbs.size() == needed) break;
       mbs.emplace_back();
@@ -152,13 +167,15 @@ StatusOr<StepBatch> MakeStepBatch(const Config& c) {
     MicroBatch& mb = mbs.back();
     mb.text_tokens += s.text_tokens, mb.visual_tokens += visual;
     if (c.model.vision.enabled)
-      for (const Image& img : s.images) mb.vision_flops += VisionImageFlops(c, Patches(img, c.model.vision.patch));
+      for (const Image& img : s.images)
+        mb.vision_flops += VisionImageFlops(c, Patches(img, c.model.vision.patch));
     mb.samples.push_back(std::move(s));
   }
   // Replicas: longest-processing-time first by vision cost, m micro-batches each.
   std::vector<size_t> order(mbs.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return mbs[a].vision_flops > mbs[b].vision_flops; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return mbs[a].vision_flops > mbs[b].vision_flops; });
   std::vector<double> load(dp, 0);
   std::vector<std::vector<size_t>> assigned(dp);
   for (size_t i : order) {

@@ -17,7 +17,7 @@ struct Image {
 };
 
 struct Sample {
-  std::string name;          // manifest id, or "sample N" for drawn samples
+  std::string name;  // manifest id, or "sample N" for drawn samples
   int64_t text_tokens = 0;
   std::vector<Image> images;
   int gen_height = 0, gen_width = 0;  // generation target, pixels (0 = none)

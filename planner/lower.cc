@@ -91,8 +91,8 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
     }
     if (all_ranks_group >= 0)
       for (const ModalitySync& m : modality)
-        out.push_back({OpKey{r, OpKind::kReduceScatter, m.module, -1, -1, -1, all_ranks_group}, m.work,
-                       CollectiveTag(OpKind::kReduceScatter, m.module, -1)});
+        out.push_back({OpKey{r, OpKind::kReduceScatter, m.module, -1, -1, -1, all_ranks_group},
+                       m.work, CollectiveTag(OpKind::kReduceScatter, m.module, -1)});
     out.push_back({OpKey{r, OpKind::kOptStep, Module::kOptimizer}, works.opt_step[s]});
     if (sync && zero_stage >= 1) {
       for (int c = 0; c < shape.vp; ++c) {
@@ -124,14 +124,17 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
       // Text gradients sync per chunk; modality gradients once per module (chunks are shards).
       const int32_t chunk = k.module == Module::kText ? k.chunk : -1;
       const int64_t mc = static_cast<int64_t>(k.module) << 32 | static_cast<uint32_t>(chunk);
-      auto last = std::find_if(last_backward.begin(), last_backward.end(), [&](auto& x) { return x.first == mc; });
+      auto last = std::find_if(last_backward.begin(), last_backward.end(),
+                               [&](auto& x) { return x.first == mc; });
       if (IsSend(k.kind)) {
         sends.push_back({op.tag, h});
       } else if (IsRecv(k.kind)) {
         recvs.push_back({op.tag, h});
       } else if (k.kind == OpKind::kB || k.kind == OpKind::kW) {
-        if (last == last_backward.end()) last_backward.push_back({mc, h});
-        else last->second = h;
+        if (last == last_backward.end())
+          last_backward.push_back({mc, h});
+        else
+          last->second = h;
       } else if (k.kind == OpKind::kOptStep) {
         opt_step = h;
         for (TableBuilder::Handle c : grad_collectives) b->AddDep(h, c);
@@ -147,11 +150,13 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
   std::sort(recvs.begin(), recvs.end());
   for (size_t i = 1; i < sends.size(); ++i)
     if (sends[i].first == sends[i - 1].first)
-      return Internal(fmt::format("two sends share tag {} ({})", sends[i].first, FormatOp(b->key(sends[i].second))));
+      return Internal(fmt::format("two sends share tag {} ({})", sends[i].first,
+                                  FormatOp(b->key(sends[i].second))));
   size_t j = 0;
   for (auto [tag, h] : recvs) {
     while (j < sends.size() && sends[j].first < tag) ++j;
-    if (j == sends.size() || sends[j].first != tag) return Internal(fmt::format("no send for {}", FormatOp(b->key(h))));
+    if (j == sends.size() || sends[j].first != tag)
+      return Internal(fmt::format("no send for {}", FormatOp(b->key(h))));
     b->AddDep(h, sends[j].second);
   }
   return Status::Ok();

@@ -23,7 +23,8 @@ double SplitFlops(const Config& c, int64_t patches, int k) {
 
 double GatherBytes(const Config& c, int64_t patches, int k) {
   const VisionConfig& v = c.model.vision;
-  return k <= 1 ? 0 : v.layers * (k - 1.0) / k * static_cast<double>(patches) * 2 * v.hidden * kBf16;
+  return k <= 1 ? 0
+                : v.layers * (k - 1.0) / k * static_cast<double>(patches) * 2 * v.hidden * kBf16;
 }
 
 // Activation bytes one image keeps for the encoder backward (Korthikanti et al. per layer
@@ -33,18 +34,25 @@ double VisionActBytes(const Config& c, int64_t patches) {
   const VisionConfig& v = c.model.vision;
   const double P = static_cast<double>(patches);
   switch (v.recompute) {
-    case Recompute::kNone: return v.layers * P * (18.0 * v.hidden + 4.0 * v.mlp + 5.0 * v.heads * P);
-    case Recompute::kSelective: return v.layers * P * (18.0 * v.hidden + 4.0 * v.mlp);
-    case Recompute::kFull: return v.layers * P * 2.0 * v.hidden;
+    case Recompute::kNone:
+      return v.layers * P * (18.0 * v.hidden + 4.0 * v.mlp + 5.0 * v.heads * P);
+    case Recompute::kSelective:
+      return v.layers * P * (18.0 * v.hidden + 4.0 * v.mlp);
+    case Recompute::kFull:
+      return v.layers * P * 2.0 * v.hidden;
   }
   return 0;
 }
 
 }  // namespace
 
-double CpPlan::max_flops() const { return gpu_flops.empty() ? 0 : *std::max_element(gpu_flops.begin(), gpu_flops.end()); }
+double CpPlan::max_flops() const {
+  return gpu_flops.empty() ? 0 : *std::max_element(gpu_flops.begin(), gpu_flops.end());
+}
 double CpPlan::mean_flops() const {
-  return gpu_flops.empty() ? 0 : std::accumulate(gpu_flops.begin(), gpu_flops.end(), 0.0) / gpu_flops.size();
+  return gpu_flops.empty()
+             ? 0
+             : std::accumulate(gpu_flops.begin(), gpu_flops.end(), 0.0) / gpu_flops.size();
 }
 
 namespace {
@@ -97,7 +105,8 @@ class BlockLoads {
 
 }  // namespace
 
-CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gpus, const std::vector<double>& base) {
+CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gpus,
+                    const std::vector<double>& base) {
   const VisionConfig& v = c.model.vision;
   CpPlan plan;
   plan.gpu_flops.assign(gpus, 0);
@@ -118,8 +127,9 @@ CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gp
     it.gather_bytes_per_gpu = GatherBytes(c, patches[i], it.k);
     plan.items.push_back(it);
   }
-  std::stable_sort(plan.items.begin(), plan.items.end(),
-                   [](const CpItem& a, const CpItem& b) { return a.flops_per_gpu * a.k > b.flops_per_gpu * b.k; });
+  std::stable_sort(plan.items.begin(), plan.items.end(), [](const CpItem& a, const CpItem& b) {
+    return a.flops_per_gpu * a.k > b.flops_per_gpu * b.k;
+  });
   std::vector<double> start = base;
   start.resize(gpus, 0.0);
   BlockLoads loads(start, levels);
@@ -133,7 +143,8 @@ CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gp
       plan.gpu_comm_bytes[g] += it.gather_bytes_per_gpu;
     }
   }
-  std::stable_sort(plan.items.begin(), plan.items.end(), [](const CpItem& a, const CpItem& b) { return a.image < b.image; });
+  std::stable_sort(plan.items.begin(), plan.items.end(),
+                   [](const CpItem& a, const CpItem& b) { return a.image < b.image; });
   return plan;
 }
 
@@ -154,8 +165,9 @@ namespace {
 // A vision task (or a gang shard) from its per-GPU load on a rank of `gpus` GPUs.
 // `gpu_flops`/`gather_bytes`: the busiest GPU's compute and gather-KV traffic; the other
 // totals are for the whole task.
-VisionTask TaskFromLoad(const Config& c, double gpu_flops, double gather_bytes, double model_flops, double act,
-                        double tokens, double patches, int gpus, bool recompute_outputs_only) {
+VisionTask TaskFromLoad(const Config& c, double gpu_flops, double gather_bytes, double model_flops,
+                        double act, double tokens, double patches, int gpus,
+                        bool recompute_outputs_only) {
   const VisionConfig& v = c.model.vision;
   VisionTask t;
   t.f.flops = gpu_flops * gpus;  // time is set by the most loaded GPU
@@ -181,7 +193,8 @@ VisionTask TaskFromLoad(const Config& c, double gpu_flops, double gather_bytes, 
     t.f.mem_delta_bytes = t.act_bytes + t.out_bytes;
   }
   t.b.mem_delta_bytes = -(t.act_bytes + t.out_bytes);
-  t.seconds = CostModel::Real(c.cluster.spec).ComputeSeconds(t.f, gpus, gpus, 1, c.cluster.gpus_per_node);
+  t.seconds =
+      CostModel::Real(c.cluster.spec).ComputeSeconds(t.f, gpus, gpus, 1, c.cluster.gpus_per_node);
   return t;
 }
 
@@ -191,16 +204,18 @@ double Tokens(const Config& c, int64_t patches) {
 }
 
 // One task over whole images on one rank: dynamic CP inside the rank's GPUs.
-VisionTask RankTask(const Config& c, const std::vector<int64_t>& patches, int gpus, bool recompute_outputs_only) {
+VisionTask RankTask(const Config& c, const std::vector<int64_t>& patches, int gpus,
+                    bool recompute_outputs_only) {
   CpPlan plan = PlanVisionCp(c, patches, gpus);
   double model = 0, act = 0, tokens = 0, total = 0;
   for (int64_t p : patches) {
     model += VisionImageFlops(c, p), act += VisionActBytes(c, p), tokens += Tokens(c, p);
     total += static_cast<double>(p);
   }
-  size_t busiest = std::max_element(plan.gpu_flops.begin(), plan.gpu_flops.end()) - plan.gpu_flops.begin();
-  return TaskFromLoad(c, plan.gpu_flops[busiest], plan.gpu_comm_bytes[busiest], model, act, tokens, total, gpus,
-                      recompute_outputs_only);
+  size_t busiest =
+      std::max_element(plan.gpu_flops.begin(), plan.gpu_flops.end()) - plan.gpu_flops.begin();
+  return TaskFromLoad(c, plan.gpu_flops[busiest], plan.gpu_comm_bytes[busiest], model, act, tokens,
+                      total, gpus, recompute_outputs_only);
 }
 
 // The vision tasks of micro-batch m of every replica.
@@ -212,14 +227,16 @@ VisionTask RankTask(const Config& c, const std::vector<int64_t>& patches, int gp
 // `carry`: vision FLOPs placed on each GPU in earlier rounds (pool mode), so that the
 // rounds balance in total and a tie does not send every round's largest image to one GPU.
 void AddVisionTasks(const Config& c, const StepBatch& batch, int m, const VisionPool& pool,
-                    bool recompute_outputs_only, std::vector<double>* carry, std::vector<VisionTask>* out) {
+                    bool recompute_outputs_only, std::vector<double>* carry,
+                    std::vector<VisionTask>* out) {
   const ParallelConfig& p = c.parallel;
   const int G = p.tp * p.cp, dp = static_cast<int>(batch.replicas.size());
   std::vector<int64_t> patches;
   std::vector<int> source;
   for (int d = 0; d < dp; ++d)
     for (const Sample& s : batch.replicas[d][m].samples)
-      for (const Image& img : s.images) patches.push_back(Patches(img, c.model.vision.patch)), source.push_back(d);
+      for (const Image& img : s.images)
+        patches.push_back(Patches(img, c.model.vision.patch)), source.push_back(d);
   // Task ids are unique within the round (micro-batch index) across replicas, so that
   // (micro-batch, task, shard) names a task on whichever rank runs it.
   int next_task = 0;
@@ -243,8 +260,10 @@ void AddVisionTasks(const Config& c, const StepBatch& batch, int m, const Vision
   std::map<std::pair<int, int>, std::vector<int64_t>> whole;  // (rank, source replica) -> images
   std::vector<const CpItem*> gangs;
   for (const CpItem& it : plan.items) {
-    if (it.k <= G) whole[{rank_of(it.first_gpu), source[it.image]}].push_back(patches[it.image]);
-    else gangs.push_back(&it);
+    if (it.k <= G)
+      whole[{rank_of(it.first_gpu), source[it.image]}].push_back(patches[it.image]);
+    else
+      gangs.push_back(&it);
   }
   for (auto& [key, images] : whole) {
     VisionTask t = RankTask(c, images, G, recompute_outputs_only);
@@ -257,9 +276,10 @@ void AddVisionTasks(const Config& c, const StepBatch& batch, int m, const Vision
     std::vector<int> ranks;
     for (int k = 0; k < n; ++k) ranks.push_back(rank_of(it->first_gpu + k * G));
     for (int k = 0; k < n; ++k) {
-      VisionTask t = TaskFromLoad(c, it->flops_per_gpu, it->gather_bytes_per_gpu, VisionImageFlops(c, P) / n,
-                                  VisionActBytes(c, P) / n, Tokens(c, P) / n, static_cast<double>(P) / n, G,
-                                  recompute_outputs_only);
+      VisionTask t =
+          TaskFromLoad(c, it->flops_per_gpu, it->gather_bytes_per_gpu, VisionImageFlops(c, P) / n,
+                       VisionActBytes(c, P) / n, Tokens(c, P) / n, static_cast<double>(P) / n, G,
+                       recompute_outputs_only);
       t.d = d, t.mb = m, t.task = next_task, t.rank = ranks[k], t.shard = k, t.gang_ranks = ranks;
       out->push_back(t);
     }
@@ -281,11 +301,14 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
     const double d = v.hidden, mlp = v.mlp, in = d * v.merge * v.merge;
     w.vision_params = v.layers * (4 * d * d + 2 * d * mlp + 4 * d) + in * h + h * h;
   }
-  if (g.enabled) w.generator_params = g.layers * (4.0 * g.hidden * g.hidden + 2.0 * g.hidden * g.mlp + 6.0 * g.hidden * g.hidden);
+  if (g.enabled)
+    w.generator_params =
+        g.layers * (4.0 * g.hidden * g.hidden + 2.0 * g.hidden * g.mlp + 6.0 * g.hidden * g.hidden);
   const int rounds = batch.replicas.empty() ? 0 : static_cast<int>(batch.replicas[0].size());
   std::vector<double> carry;
   if (v.enabled)
-    for (int m = 0; m < rounds; ++m) AddVisionTasks(c, batch, m, pool, recompute_outputs_only, &carry, &w.vision);
+    for (int m = 0; m < rounds; ++m)
+      AddVisionTasks(c, batch, m, pool, recompute_outputs_only, &carry, &w.vision);
   for (size_t d = 0; d < batch.replicas.size(); ++d) {
     for (size_t m = 0; m < batch.replicas[d].size(); ++m) {
       const MicroBatch& mb = batch.replicas[d][m];
@@ -296,8 +319,10 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
         double flops = 0, attn = 0, tokens = 0;
         for (const Sample& s : mb.samples) {
           if (s.gen_height == 0) continue;
-          double latent = std::ceil(double(s.gen_height) / g.latent_patch) * std::ceil(double(s.gen_width) / g.latent_patch);
-          double T = latent + static_cast<double>(s.text_tokens);  // joint attention over latent + condition
+          double latent = std::ceil(double(s.gen_height) / g.latent_patch) *
+                          std::ceil(double(s.gen_width) / g.latent_patch);
+          double T = latent +
+                     static_cast<double>(s.text_tokens);  // joint attention over latent + condition
           flops += g.layers * (2 * T * (4 * D * D + 2 * D * M + 6 * D * D) + 4 * T * T * D);
           attn += g.layers * 4 * T * T * D;
           tokens += T;
@@ -312,13 +337,15 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
           t.f.tp_calls = 2 * g.layers;
           t.f.tp_bytes = g.layers * 2 * (2.0 * (gpus - 1) / gpus) * tokens * D * kBf16;
         }
-        double act = tokens / gpus * g.layers *
-                     (g.recompute == Recompute::kFull ? 2 * D : 18 * D + 4 * M);  // + scores w/o recompute
+        double act =
+            tokens / gpus * g.layers *
+            (g.recompute == Recompute::kFull ? 2 * D : 18 * D + 4 * M);  // + scores w/o recompute
         if (g.recompute == Recompute::kNone) act += attn / (4 * D) * 5 * g.heads / gpus;
         t.f.mem_delta_bytes = act;
         t.b = t.f;
         const int again = g.recompute == Recompute::kFull ? 1 : 0;
-        t.b.flops = (2 + again) * flops, t.b.model_flops = 2 * flops, t.b.attn_flops = (2 + again) * attn;
+        t.b.flops = (2 + again) * flops, t.b.model_flops = 2 * flops,
+        t.b.attn_flops = (2 + again) * attn;
         t.b.hbm_bytes = 2 * t.f.hbm_bytes;
         t.b.tp_bytes = t.f.tp_bytes, t.b.tp_calls = t.f.tp_calls, t.b.kernels = 2 * t.f.kernels;
         t.b.mem_delta_bytes = -act;

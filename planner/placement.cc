@@ -15,12 +15,22 @@ namespace {
 constexpr uint32_t kModalityTagBase = 0x80000000u;  // SEND/RECV of modality tasks
 constexpr uint32_t kGangTagBase = 0xC0000000u;      // gang ops (F, B, RECOMPUTE per gang)
 
-int FirstStage(const PipelineShape& s, int d) { return s.rank(d, 0); }
-int LastStage(const PipelineShape& s, int d) { return s.rank(d, s.pp - 1); }
+int FirstStage(const PipelineShape& s, int d) {
+  return s.rank(d, 0);
+}
+int LastStage(const PipelineShape& s, int d) {
+  return s.rank(d, s.pp - 1);
+}
 
-Anchor Before(OpKind k, int chunk, int mb) { return {k, chunk, mb, false}; }
-Anchor After(OpKind k, int chunk, int mb) { return {k, chunk, mb, true}; }
-Anchor End() { return {OpKind::kF, 0, -1, false}; }
+Anchor Before(OpKind k, int chunk, int mb) {
+  return {k, chunk, mb, false};
+}
+Anchor After(OpKind k, int chunk, int mb) {
+  return {k, chunk, mb, true};
+}
+Anchor End() {
+  return {OpKind::kF, 0, -1, false};
+}
 
 // Predicted text timeline of every rank: its F/B ops in order with start and end times,
 // and where each first stage runs F and B of chunk 0 per micro-batch.
@@ -67,7 +77,8 @@ class TextTimes {
 // what runs before it started before the consumer needed the output, and what runs after
 // it starts after the gradient was produced. Encoder activations live about 2 pp + 1
 // rounds per rank: O(1) in the number of micro-batches.
-VisionPlacement NestedAnchors(const PipelineShape& s, const TextTimes& times, const VisionTask& t, int rank) {
+VisionPlacement NestedAnchors(const PipelineShape& s, const TextTimes& times, const VisionTask& t,
+                              int rank) {
   const int c = FirstStage(s, t.d), kf = t.mb - s.pp - 1, kb = t.mb + s.pp;
   VisionPlacement p;
   p.rank = rank;
@@ -81,20 +92,23 @@ VisionPlacement NestedAnchors(const PipelineShape& s, const TextTimes& times, co
 std::vector<VisionPlacement> PlaceVisionInline(const PipelineShape& s, const ModalityWork& w) {
   std::vector<VisionPlacement> out;
   for (const VisionTask& t : w.vision)
-    out.push_back({FirstStage(s, t.d), Before(OpKind::kF, 0, t.mb), After(OpKind::kB, 0, t.mb), false});
+    out.push_back(
+        {FirstStage(s, t.d), Before(OpKind::kF, 0, t.mb), After(OpKind::kB, 0, t.mb), false});
   return out;
 }
 
-std::vector<VisionPlacement> PlaceVisionDecoupled(const PipelineShape&, const ModalityWork& w, bool recompute) {
+std::vector<VisionPlacement> PlaceVisionDecoupled(const PipelineShape&, const ModalityWork& w,
+                                                  bool recompute) {
   // On the ranks dynamic CP chose (balanced over the job): all forwards before the rank's
   // first text op, all backwards after its last one.
   std::vector<VisionPlacement> out;
-  for (const VisionTask& t : w.vision) out.push_back({t.rank, Before(OpKind::kF, 0, 0), End(), recompute});
+  for (const VisionTask& t : w.vision)
+    out.push_back({t.rank, Before(OpKind::kF, 0, 0), End(), recompute});
   return out;
 }
 
-std::vector<VisionPlacement> PlaceVisionNested(const PipelineShape& s, const ModalityWork& w, const Table& text,
-                                               const Timeline& tl) {
+std::vector<VisionPlacement> PlaceVisionNested(const PipelineShape& s, const ModalityWork& w,
+                                               const Table& text, const Timeline& tl) {
   // On the ranks dynamic CP chose (balanced with the text load), anchored by NestedAnchors.
   TextTimes times(text, tl);
   std::vector<VisionPlacement> out;
@@ -102,8 +116,8 @@ std::vector<VisionPlacement> PlaceVisionNested(const PipelineShape& s, const Mod
   return out;
 }
 
-std::vector<VisionPlacement> PlaceVisionBubbleFill(const PipelineShape& s, const ModalityWork& w, const Table& text,
-                                                   const Timeline& tl) {
+std::vector<VisionPlacement> PlaceVisionBubbleFill(const PipelineShape& s, const ModalityWork& w,
+                                                   const Table& text, const Timeline& tl) {
   // Start from the nested placement, then move whole-image tasks into the idle time the
   // text timeline predicts before each rank's first text op (the warm-up bubble) and after
   // its last one (the cool-down bubble), on whichever rank has the most such time left:
@@ -115,18 +129,22 @@ std::vector<VisionPlacement> PlaceVisionBubbleFill(const PipelineShape& s, const
   const int ranks = s.dp * s.pp;
   std::vector<double> first(ranks, step), last(ranks, 0.0);  // by stage of the one-replica timeline
   for (OpId i = 0; i < text.size(); ++i)
-    if (text.module(i) == Module::kText && (text.kind(i) == OpKind::kF || text.kind(i) == OpKind::kB))
+    if (text.module(i) == Module::kText &&
+        (text.kind(i) == OpKind::kF || text.kind(i) == OpKind::kB))
       for (int r = text.rank(i); r < ranks; r += s.pp) {
         first[r] = std::min(first[r], tl.start[i]);
         last[r] = std::max(last[r], tl.end[i]);
       }
-  auto b_seconds = [&](const VisionTask& t) { return t.seconds * t.b.flops / std::max(t.f.flops, 1.0); };
+  auto b_seconds = [&](const VisionTask& t) {
+    return t.seconds * t.b.flops / std::max(t.f.flops, 1.0);
+  };
   // Busy time already placed at each rank's start (nested up-front forwards) and end.
   std::vector<double> head(ranks, 0.0), tail(ranks, 0.0);  // seconds
   for (size_t i = 0; i < w.vision.size(); ++i) {
     if (out[i].b.mb < 0) tail[out[i].rank] += b_seconds(w.vision[i]);  // released if the task moves
     if (w.vision[i].shard < 0) continue;  // gangs stay; whole-image tasks are candidates below
-    if (out[i].f.mb == 0 && out[i].f.kind == OpKind::kF && !out[i].f.after) head[out[i].rank] += w.vision[i].seconds;
+    if (out[i].f.mb == 0 && out[i].f.kind == OpKind::kF && !out[i].f.after)
+      head[out[i].rank] += w.vision[i].seconds;
   }
   // Ranks by free warm-up time. A task moves to the rank with the most, when its forward
   // fits there before its deadline and its backward, queued in the rank's cool-down after
@@ -142,7 +160,8 @@ std::vector<VisionPlacement> PlaceVisionBubbleFill(const PipelineShape& s, const
     const VisionTask& t = w.vision[i];
     if (t.shard >= 0) continue;
     const int c = FirstStage(s, t.d);
-    const double deadline = times.Start(c, OpKind::kF, t.mb), release = times.End(c, OpKind::kB, t.mb);
+    const double deadline = times.Start(c, OpKind::kF, t.mb),
+                 release = times.End(c, OpKind::kB, t.mb);
     const double back = b_seconds(t);
     std::vector<Slot> tried;  // the few ranks with the most warm-up time, best first
     for (int attempt = 0; attempt < 8 && !warm.empty(); ++attempt) {
@@ -164,7 +183,8 @@ std::vector<VisionPlacement> PlaceVisionBubbleFill(const PipelineShape& s, const
   return out;
 }
 
-std::vector<GeneratorPlacement> PlaceGenerator(const PipelineShape& s, const ModalityWork& w, bool decoupled) {
+std::vector<GeneratorPlacement> PlaceGenerator(const PipelineShape& s, const ModalityWork& w,
+                                               bool decoupled) {
   std::vector<GeneratorPlacement> out;
   const int last = s.vp - 1;
   for (const GeneratorTask& t : w.generator) {
@@ -183,11 +203,13 @@ Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const 
                       const ModalityWorkIds& ids, const std::vector<VisionPlacement>& vision,
                       const std::vector<GeneratorPlacement>& generator, TableBuilder* builder) {
   // One group per gang: the ranks of its shards, in shard order.
-  std::map<std::tuple<int, int, int>, std::pair<int32_t, uint32_t>> gang;  // (d, mb, task) -> group, tag
+  std::map<std::tuple<int, int, int>, std::pair<int32_t, uint32_t>>
+      gang;  // (d, mb, task) -> group, tag
   {
     std::map<std::tuple<int, int, int>, std::vector<int32_t>> members;
     for (size_t i = 0; i < w.vision.size(); ++i)
-      if (w.vision[i].shard >= 0) members[{w.vision[i].d, w.vision[i].mb, w.vision[i].task}].push_back(vision[i].rank);
+      if (w.vision[i].shard >= 0)
+        members[{w.vision[i].d, w.vision[i].mb, w.vision[i].task}].push_back(vision[i].rank);
     uint32_t next = 0;
     for (auto& [key, ranks] : members) {
       std::set<int32_t> distinct(ranks.begin(), ranks.end());
@@ -218,7 +240,8 @@ Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const 
     if (a.mb < 0) return (*seqs)[rank].size();
     auto it = pos[rank].find({static_cast<int>(a.kind), a.chunk, a.mb});
     if (it == pos[rank].end()) {
-      error = Internal(fmt::format("no anchor {} c{} m{} on rank {}", KindName(a.kind), a.chunk, a.mb, rank));
+      error = Internal(
+          fmt::format("no anchor {} c{} m{} on rank {}", KindName(a.kind), a.chunk, a.mb, rank));
       return 0;
     }
     return it->second + (a.after ? 1 : 0);

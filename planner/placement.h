@@ -45,16 +45,18 @@ struct ModalityWorkIds {
 
 // Policies (pure): from the text schedule shape and the tasks to placements.
 std::vector<VisionPlacement> PlaceVisionInline(const PipelineShape& s, const ModalityWork& w);
-std::vector<VisionPlacement> PlaceVisionDecoupled(const PipelineShape& s, const ModalityWork& w, bool recompute);
+std::vector<VisionPlacement> PlaceVisionDecoupled(const PipelineShape& s, const ModalityWork& w,
+                                                  bool recompute);
 // The text-load-aware balancing of nested and bubble-fill happens in BuildModalityWork
 // (VisionPool::rank_base); these decide when each task runs.
 // Nested and bubble-fill use the predicted text timeline: `text` is the text-only table
 // (ids rank-major), `tl` its simulated timeline.
-std::vector<VisionPlacement> PlaceVisionNested(const PipelineShape& s, const ModalityWork& w, const Table& text,
-                                               const Timeline& tl);
-std::vector<VisionPlacement> PlaceVisionBubbleFill(const PipelineShape& s, const ModalityWork& w, const Table& text,
-                                                   const Timeline& tl);
-std::vector<GeneratorPlacement> PlaceGenerator(const PipelineShape& s, const ModalityWork& w, bool decoupled);
+std::vector<VisionPlacement> PlaceVisionNested(const PipelineShape& s, const ModalityWork& w,
+                                               const Table& text, const Timeline& tl);
+std::vector<VisionPlacement> PlaceVisionBubbleFill(const PipelineShape& s, const ModalityWork& w,
+                                                   const Table& text, const Timeline& tl);
+std::vector<GeneratorPlacement> PlaceGenerator(const PipelineShape& s, const ModalityWork& w,
+                                               bool decoupled);
 
 // Adds the modality ops and their SEND/RECV pairs to text compute sequences.
 // Gang shards (multi-rank CP) get a group of their ranks from `builder`.

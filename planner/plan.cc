@@ -13,11 +13,14 @@
 namespace pipeplan {
 namespace {
 
-bool Multimodal(const Config& c) { return c.model.vision.enabled || c.model.generator.enabled; }
+bool Multimodal(const Config& c) {
+  return c.model.vision.enabled || c.model.generator.enabled;
+}
 
 // Decoupled designs with a generator run every LLM forward before any backward.
 PipelineKind EffectivePipeline(const Config& c) {
-  if (c.schedule.modality == ModalityPolicy::kDecoupled && c.model.generator.enabled) return PipelineKind::kGpipe;
+  if (c.schedule.modality == ModalityPolicy::kDecoupled && c.model.generator.enabled)
+    return PipelineKind::kGpipe;
   return c.schedule.pipeline;
 }
 
@@ -34,8 +37,8 @@ StatusOr<std::pair<Table, Timeline>> TextTimeline(const Config& c) {
   return std::make_pair(std::move(t), std::move(tl));
 }
 
-Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch& batch, TableBuilder* b,
-                   std::vector<RankSeq>* seqs, std::vector<ModalitySync>* sync) {
+Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch& batch,
+                   TableBuilder* b, std::vector<RankSeq>* seqs, std::vector<ModalitySync>* sync) {
   const ModalityPolicy policy = c.schedule.modality;
   const bool decoupled = policy == ModalityPolicy::kDecoupled;
   const bool timed = policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill;
@@ -63,8 +66,12 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
   }
   std::vector<VisionPlacement> vision;
   switch (policy) {
-    case ModalityPolicy::kInline: vision = PlaceVisionInline(shape, w); break;
-    case ModalityPolicy::kDecoupled: vision = PlaceVisionDecoupled(shape, w, c.schedule.decoupled_recompute); break;
+    case ModalityPolicy::kInline:
+      vision = PlaceVisionInline(shape, w);
+      break;
+    case ModalityPolicy::kDecoupled:
+      vision = PlaceVisionDecoupled(shape, w, c.schedule.decoupled_recompute);
+      break;
     case ModalityPolicy::kNested:
       if (text) vision = PlaceVisionNested(shape, w, text->first, text->second);
       break;
@@ -75,7 +82,8 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
   auto generator = PlaceGenerator(shape, w, decoupled);
   RETURN_IF_ERROR(InsertModality(seqs, shape, w, ids, vision, generator, b));
   // Gradients of the FSDP-sharded modality parameters: full fp32 gradient in, shard out.
-  for (auto [module, params] : {std::pair{Module::kVision, w.vision_params}, std::pair{Module::kGenerator, w.generator_params}}) {
+  for (auto [module, params] : {std::pair{Module::kVision, w.vision_params},
+                                std::pair{Module::kGenerator, w.generator_params}}) {
     if (params <= 0) continue;
     Work reduce;
     reduce.payload_bytes = params * 4;
@@ -113,7 +121,8 @@ SimOptions SimOptionsFor(const Config& c, bool unit_costs) {
 }
 
 StatusOr<Config> ConfigOfPlan(const Table& plan, const std::string& plan_path) {
-  ASSIGN_OR_RETURN(YamlDoc doc, YamlDoc::FromString(plan_path + " (embedded config)", plan.meta().config_yaml));
+  ASSIGN_OR_RETURN(YamlDoc doc,
+                   YamlDoc::FromString(plan_path + " (embedded config)", plan.meta().config_yaml));
   return ParseConfig(std::move(doc));
 }
 
@@ -121,7 +130,8 @@ StatusOr<Table> BuildPlan(const Config& c) {
   const ParallelConfig& p = c.parallel;
   PipelineShape shape{p.pp, p.vp, p.dp, c.training.microbatches};
   const PipelineKind pipeline = EffectivePipeline(c);
-  ASSIGN_OR_RETURN(auto orders, TextSchedule(pipeline, p.pp, p.vp, shape.m, p.microbatch_group_size_per_vp_stage));
+  ASSIGN_OR_RETURN(auto orders, TextSchedule(pipeline, p.pp, p.vp, shape.m,
+                                             p.microbatch_group_size_per_vp_stage));
   TextWorkload tw = BuildTextWorkload(c);
   StepBatch batch;
   if (Multimodal(c)) {
@@ -129,7 +139,8 @@ StatusOr<Table> BuildPlan(const Config& c) {
   }
   std::vector<RankInfo> ranks = MakeRanks(c);
   const double world = c.world();
-  ModalityWork params_only = Multimodal(c) ? BuildModalityWork(c, StepBatch{}, VisionPool{}, false) : ModalityWork{};
+  ModalityWork params_only =
+      Multimodal(c) ? BuildModalityWork(c, StepBatch{}, VisionPool{}, false) : ModalityWork{};
   for (RankInfo& r : ranks) {
     for (int ch = 0; ch < p.vp; ++ch) r.params[0] += tw.params_per_gpu[ch * p.pp + r.pp];
     r.params[1] = params_only.vision_params / world;  // FSDP shards over every GPU
@@ -193,9 +204,11 @@ StatusOr<Table> BuildPlan(const Config& c) {
   meta.pp = p.pp, meta.vp = p.vp, meta.dp = p.dp, meta.tp = p.tp, meta.cp = p.cp, meta.ep = p.ep;
   meta.microbatches = shape.m;
   meta.gpus_per_node = c.cluster.gpus_per_node;
-  meta.tokens_per_step = Multimodal(c) ? static_cast<double>(batch.tokens) : tw.tokens_per_mb * shape.m * p.dp;
-  meta.samples_per_step = Multimodal(c) ? static_cast<double>(batch.samples)
-                                        : static_cast<double>(c.training.micro_batch_size) * shape.m * p.dp;
+  meta.tokens_per_step =
+      Multimodal(c) ? static_cast<double>(batch.tokens) : tw.tokens_per_mb * shape.m * p.dp;
+  meta.samples_per_step = Multimodal(c)
+                              ? static_cast<double>(batch.samples)
+                              : static_cast<double>(c.training.micro_batch_size) * shape.m * p.dp;
   meta.config_yaml = c.resolved_yaml;
   return b.Finish(std::move(meta));
 }

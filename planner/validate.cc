@@ -196,14 +196,16 @@ Status CheckFlow(const Table& t) {
 //   text F(last, m) -> generator F(m) -> generator B(m) -> text B(last, m).
 Status CheckModality(const Table& t) {
   const PlanMeta& m = t.meta();
-  using Key = std::tuple<int32_t, int, int, int32_t, int32_t, int32_t>;  // rank, module, kind, chunk, mb, task
+  using Key = std::tuple<int32_t, int, int, int32_t, int32_t,
+                         int32_t>;  // rank, module, kind, chunk, mb, task
   std::map<Key, OpId> at;
   std::vector<OpId> modal;
   for (OpId i = 0; i < t.size(); ++i) {
     const Module mod = t.module(i);
     const OpKind k = t.kind(i);
     if (mod == Module::kOptimizer || IsCollective(k)) continue;
-    if (mod == Module::kText && !(k == OpKind::kF || k == OpKind::kB || k == OpKind::kSendB)) continue;
+    if (mod == Module::kText && !(k == OpKind::kF || k == OpKind::kB || k == OpKind::kSendB))
+      continue;
     Key key{t.rank(i), static_cast<int>(mod), static_cast<int>(k), t.chunk(i), t.mb(i), t.task(i)};
     if (!at.emplace(key, i).second) return InvalidPlan(fmt::format("{}: appears twice", t.str(i)));
     if (mod != Module::kText && (k == OpKind::kF || k == OpKind::kB)) modal.push_back(i);
@@ -218,19 +220,22 @@ Status CheckModality(const Table& t) {
   };
   // `prod` must reach `cons`: earlier on the same rank, or through a RECV of the
   // consumer's module/micro-batch/task on the consumer's rank whose SEND follows `prod`.
-  auto arrives = [&](OpId prod, OpId cons, Module recv_mod, OpKind recv_kind, int32_t chunk, int32_t task,
-                     const char* what) -> Status {
-    if (prod == UINT32_MAX) return InvalidPlan(fmt::format("{}: {} does not exist", t.str(cons), what));
+  auto arrives = [&](OpId prod, OpId cons, Module recv_mod, OpKind recv_kind, int32_t chunk,
+                     int32_t task, const char* what) -> Status {
+    if (prod == UINT32_MAX)
+      return InvalidPlan(fmt::format("{}: {} does not exist", t.str(cons), what));
     if (t.rank(prod) == t.rank(cons)) {
       if (prod < cons) return Status::Ok();
       return InvalidPlan(fmt::format("{}: runs before {} {}", t.str(cons), what, t.str(prod)));
     }
     OpId recv = find(t.rank(cons), recv_mod, recv_kind, chunk, t.mb(cons), task);
     if (recv == UINT32_MAX || recv > cons)
-      return InvalidPlan(fmt::format("{}: runs before {} {} arrives", t.str(cons), what, t.str(prod)));
+      return InvalidPlan(
+          fmt::format("{}: runs before {} {} arrives", t.str(cons), what, t.str(prod)));
     OpId send = t.deps(recv).empty() ? UINT32_MAX : t.deps(recv)[0];
     if (send == UINT32_MAX || t.rank(send) != t.rank(prod) || send < prod)
-      return InvalidPlan(fmt::format("{}: sent before {} {} produced it", t.str(recv), what, t.str(prod)));
+      return InvalidPlan(
+          fmt::format("{}: sent before {} {} produced it", t.str(recv), what, t.str(prod)));
     return Status::Ok();
   };
   for (OpId i : modal) {
@@ -240,33 +245,42 @@ Status CheckModality(const Table& t) {
       // The consumer: the peer of the task's SEND_F (or RECV_B), else the rank itself,
       // which must then be a first stage.
       const bool fwd = t.kind(i) == OpKind::kF;
-      OpId route = find(t.rank(i), Module::kVision, fwd ? OpKind::kSendF : OpKind::kRecvB, t.chunk(i), mb, task);
+      OpId route = find(t.rank(i), Module::kVision, fwd ? OpKind::kSendF : OpKind::kRecvB,
+                        t.chunk(i), mb, task);
       const int32_t consumer = route == UINT32_MAX ? t.rank(i) : t.peer(route);
       if (t.ranks()[consumer].pp != 0)
-        return InvalidPlan(fmt::format("{}: its visual tokens never reach a first pipeline stage", t.str(i)));
+        return InvalidPlan(
+            fmt::format("{}: its visual tokens never reach a first pipeline stage", t.str(i)));
       if (fwd) {
         OpId text_f = text(consumer, OpKind::kF, 0, mb);
-        if (text_f == UINT32_MAX) return InvalidPlan(fmt::format("{}: micro-batch {} has no text forward", t.str(i), mb));
-        RETURN_IF_ERROR(arrives(i, text_f, Module::kVision, OpKind::kRecvF, t.chunk(i), task, "its vision input"));
+        if (text_f == UINT32_MAX)
+          return InvalidPlan(fmt::format("{}: micro-batch {} has no text forward", t.str(i), mb));
+        RETURN_IF_ERROR(arrives(i, text_f, Module::kVision, OpKind::kRecvF, t.chunk(i), task,
+                                "its vision input"));
       } else {
         OpId fwd_op = find(t.rank(i), Module::kVision, OpKind::kF, t.chunk(i), mb, task);
         if (fwd_op == UINT32_MAX || fwd_op > i)
-          return InvalidPlan(fmt::format("{}: runs before its vision forward on the same rank", t.str(i)));
-        RETURN_IF_ERROR(arrives(text(consumer, OpKind::kB, 0, mb), i, Module::kVision, OpKind::kRecvB, t.chunk(i), task,
-                                "the gradient from"));
+          return InvalidPlan(
+              fmt::format("{}: runs before its vision forward on the same rank", t.str(i)));
+        RETURN_IF_ERROR(arrives(text(consumer, OpKind::kB, 0, mb), i, Module::kVision,
+                                OpKind::kRecvB, t.chunk(i), task, "the gradient from"));
       }
     } else if (t.kind(i) == OpKind::kF) {
-      RETURN_IF_ERROR(
-          arrives(text(last, OpKind::kF, m.vp - 1, mb), i, Module::kGenerator, OpKind::kRecvF, -1, -1, "its input from"));
+      RETURN_IF_ERROR(arrives(text(last, OpKind::kF, m.vp - 1, mb), i, Module::kGenerator,
+                              OpKind::kRecvF, -1, -1, "its input from"));
       OpId back = find(t.rank(i), Module::kGenerator, OpKind::kB, -1, mb, -1);
-      if (back == UINT32_MAX || back < i) return InvalidPlan(fmt::format("{}: has no generator backward after it", t.str(i)));
+      if (back == UINT32_MAX || back < i)
+        return InvalidPlan(fmt::format("{}: has no generator backward after it", t.str(i)));
       OpId text_b = text(last, OpKind::kB, m.vp - 1, mb);
-      if (text_b == UINT32_MAX) return InvalidPlan(fmt::format("{}: micro-batch {} has no text backward", t.str(i), mb));
-      RETURN_IF_ERROR(arrives(back, text_b, Module::kText, OpKind::kRecvB, -1, -1, "the generator gradient"));
+      if (text_b == UINT32_MAX)
+        return InvalidPlan(fmt::format("{}: micro-batch {} has no text backward", t.str(i), mb));
+      RETURN_IF_ERROR(
+          arrives(back, text_b, Module::kText, OpKind::kRecvB, -1, -1, "the generator gradient"));
     }
   }
   for (OpId i : modal)
-    if (t.kind(i) == OpKind::kF && find(t.rank(i), t.module(i), OpKind::kB, t.chunk(i), t.mb(i), t.task(i)) == UINT32_MAX)
+    if (t.kind(i) == OpKind::kF &&
+        find(t.rank(i), t.module(i), OpKind::kB, t.chunk(i), t.mb(i), t.task(i)) == UINT32_MAX)
       return InvalidPlan(fmt::format("{}: has no backward on its rank", t.str(i)));
   return Status::Ok();
 }

@@ -127,8 +127,10 @@ class Engine {
       if (state_[i] == kIdle) {
         double deps = DepsEnd(i);
         if (deps < 0) return progress;
-        if (t_.grouped(i)) Post(i, std::max(stream_end, deps), r);  // a gang: all members at once
-        else Finish(i, std::max(stream_end, deps), dur_[i]);
+        if (t_.grouped(i))
+          Post(i, std::max(stream_end, deps), r);  // a gang: all members at once
+        else
+          Finish(i, std::max(stream_end, deps), dur_[i]);
       }
       if (state_[i] != kDone) return progress;
       stream_end = tl_.end[i];
@@ -263,7 +265,8 @@ std::vector<OpId> CriticalPath(const Table& t, const Timeline& tl) {
     for (OpId j = i; j > t.rank_begin(t.rank(i));) {
       --j;
       // Sends are eager (they never hold the stream); a run's ops were posted together.
-      if (StreamOf(t.kind(j)) != s || IsSend(t.kind(j)) || (IsP2P(t.kind(i)) && IsP2P(t.kind(j)))) continue;
+      if (StreamOf(t.kind(j)) != s || IsSend(t.kind(j)) || (IsP2P(t.kind(i)) && IsP2P(t.kind(j))))
+        continue;
       return j;
     }
     return UINT32_MAX;

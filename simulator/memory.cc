@@ -37,9 +37,10 @@ std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const 
     // already per-GPU shards (FSDP over every GPU).
     const double text = ri.params[0], modal = ri.params[1] + ri.params[2];
     std::array<double, kNumMemCats> cur{};
-    cur[kWeights] = 2 * (text + modal);                                       // bf16 weights
-    cur[kGrads] = 4 * text / (o.zero_stage >= 2 ? dp : 1) + 4 * modal;        // fp32 main grads
-    cur[kOptimizer] = 12 * text / (o.zero_stage >= 1 ? dp : 1) + 12 * modal;  // fp32 master + 2 moments
+    cur[kWeights] = 2 * (text + modal);                                 // bf16 weights
+    cur[kGrads] = 4 * text / (o.zero_stage >= 2 ? dp : 1) + 4 * modal;  // fp32 main grads
+    cur[kOptimizer] =
+        12 * text / (o.zero_stage >= 1 ? dp : 1) + 12 * modal;  // fp32 master + 2 moments
     cur[kReserve] = o.reserve_bytes;
     RankMemory& rm = out[r];
     // Ops with a memory effect, in order of their end time (ties: sequence order).

@@ -25,11 +25,13 @@ std::array<double, 3> MinMeanMax(const std::vector<double>& v) {
   if (v.empty()) return {0, 0, 0};
   double sum = 0;
   for (double x : v) sum += x;
-  return {*std::min_element(v.begin(), v.end()), sum / v.size(), *std::max_element(v.begin(), v.end())};
+  return {*std::min_element(v.begin(), v.end()), sum / v.size(),
+          *std::max_element(v.begin(), v.end())};
 }
 
 // Hidden fraction of one module (see Metrics), or -1 if the plan has none of it.
-StatusOr<double> HiddenFraction(const Table& t, const std::vector<double>& dur, double step, Module module) {
+StatusOr<double> HiddenFraction(const Table& t, const std::vector<double>& dur, double step,
+                                Module module) {
   std::vector<double> without = dur;
   std::vector<double> per_rank(t.num_ranks(), 0.0);
   bool any = false;
@@ -64,7 +66,8 @@ StatusOr<SimResult> RunSimulation(const Table& t, const SimOptions& o) {
   ASSIGN_OR_RETURN(r.timeline, Simulate(t, r.durations));
   r.memory = ComputeMemory(t, r.timeline, o.memory, o.memory_curves);
   r.metrics = ComputeMetrics(t, r.timeline, r.durations, r.memory, o.cost, o.memory.hbm_bytes);
-  ASSIGN_OR_RETURN(r.metrics.vision_hidden_fraction, HiddenFraction(t, r.durations, r.metrics.step_time_s, Module::kVision));
+  ASSIGN_OR_RETURN(r.metrics.vision_hidden_fraction,
+                   HiddenFraction(t, r.durations, r.metrics.step_time_s, Module::kVision));
   ASSIGN_OR_RETURN(r.metrics.generator_hidden_fraction,
                    HiddenFraction(t, r.durations, r.metrics.step_time_s, Module::kGenerator));
   VisionLoad(t, r.durations, &r.metrics);
@@ -152,31 +155,40 @@ std::string MetricsText(const Metrics& m) {
   s += fmt::format("step time        {:.6g} s\n", m.step_time_s);
   s += fmt::format("bubble fraction  {:.2f} %\n", 100 * m.bubble_fraction);
   s += fmt::format("MFU              {:.2f} %\n", 100 * m.mfu);
-  s += fmt::format("throughput       {:.6g} tokens/s, {:.6g} samples/s\n", m.tokens_per_s, m.samples_per_s);
-  s += fmt::format("peak memory      {:.2f} GiB per GPU of {:.2f} GiB{}\n", m.peak_memory_bytes / kGiB,
-                   m.hbm_bytes / kGiB, m.oom ? "  ** OUT OF MEMORY **" : "");
+  s += fmt::format("throughput       {:.6g} tokens/s, {:.6g} samples/s\n", m.tokens_per_s,
+                   m.samples_per_s);
+  s += fmt::format("peak memory      {:.2f} GiB per GPU of {:.2f} GiB{}\n",
+                   m.peak_memory_bytes / kGiB, m.hbm_bytes / kGiB,
+                   m.oom ? "  ** OUT OF MEMORY **" : "");
   s += fmt::format("ops              {}  ({} GPUs)\n", m.ops, m.world_gpus);
   if (m.vision_hidden_fraction >= 0) {
-    s += fmt::format("vision hidden    {:.1f} % of the busiest rank's encoder time\n", 100 * m.vision_hidden_fraction);
-    s += fmt::format("vision load      {:.4g} / {:.4g} / {:.4g} s per rank (min / mean / max; all on consumers: "
-                     "{:.4g} / {:.4g} / {:.4g} s)\n",
-                     m.vision_load_after[0], m.vision_load_after[1], m.vision_load_after[2], m.vision_load_before[0],
-                     m.vision_load_before[1], m.vision_load_before[2]);
+    s += fmt::format("vision hidden    {:.1f} % of the busiest rank's encoder time\n",
+                     100 * m.vision_hidden_fraction);
+    s += fmt::format(
+        "vision load      {:.4g} / {:.4g} / {:.4g} s per rank (min / mean / max; all on consumers: "
+        "{:.4g} / {:.4g} / {:.4g} s)\n",
+        m.vision_load_after[0], m.vision_load_after[1], m.vision_load_after[2],
+        m.vision_load_before[0], m.vision_load_before[1], m.vision_load_before[2]);
   }
   if (m.generator_hidden_fraction >= 0)
-    s += fmt::format("generator hidden {:.1f} % of the busiest rank's generator time\n", 100 * m.generator_hidden_fraction);
+    s += fmt::format("generator hidden {:.1f} % of the busiest rank's generator time\n",
+                     100 * m.generator_hidden_fraction);
   s += fmt::format("critical path    {} ops", m.critical_path.size());
-  if (!m.critical_path.empty()) s += fmt::format(": {} ... {}", m.critical_path.front(), m.critical_path.back());
+  if (!m.critical_path.empty())
+    s += fmt::format(": {} ... {}", m.critical_path.front(), m.critical_path.back());
   s += "\n\n";
-  s += fmt::format("{:>6} {:>4} {:>4} {:>10} {:>10} {:>8} {:>9} {:>9} {:>9} {:>9} {:>4}\n", "rank", "pp", "dp",
-                   "busy s", "idle s", "bubble%", "peak GiB", "text act", "vis act", "gen act", "oom");
+  s += fmt::format("{:>6} {:>4} {:>4} {:>10} {:>10} {:>8} {:>9} {:>9} {:>9} {:>9} {:>4}\n", "rank",
+                   "pp", "dp", "busy s", "idle s", "bubble%", "peak GiB", "text act", "vis act",
+                   "gen act", "oom");
   // Large plans: one row per pipeline stage of replica 0, plus any OOM rank.
   for (const RankMetrics& r : m.ranks) {
     if (r.dp != 0 && !r.oom) continue;
-    s += fmt::format("{:>6} {:>4} {:>4} {:>10.4g} {:>10.4g} {:>8.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>4}\n", r.rank,
-                     r.pp, r.dp, r.busy_s, r.idle_s, 100 * r.bubble_fraction, r.peak_memory_bytes / kGiB,
-                     r.peak_by_module[0] / kGiB, r.peak_by_module[1] / kGiB, r.peak_by_module[2] / kGiB,
-                     r.oom ? "yes" : "");
+    s += fmt::format(
+        "{:>6} {:>4} {:>4} {:>10.4g} {:>10.4g} {:>8.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} "
+        "{:>4}\n",
+        r.rank, r.pp, r.dp, r.busy_s, r.idle_s, 100 * r.bubble_fraction, r.peak_memory_bytes / kGiB,
+        r.peak_by_module[0] / kGiB, r.peak_by_module[1] / kGiB, r.peak_by_module[2] / kGiB,
+        r.oom ? "yes" : "");
   }
   return s;
 }

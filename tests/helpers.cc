@@ -72,9 +72,12 @@ Table TableFromOps(const std::vector<std::vector<std::string>>& ranks, int pp, i
       uint32_t tag = IsCollective(k) ? CollectiveTag(k, key->module, key->chunk) : 0;
       auto h = b.AddAndAppend(*key, w, tag);
       bool bwd = k == OpKind::kSendB || k == OpKind::kRecvB;
-      int mod = static_cast<int>(key->module), shard = key->module == Module::kText ? 0 : key->chunk;
-      if (IsSend(k)) sends[{key->rank, key->peer, bwd, mod, key->mb, key->task, shard}].push_back(h);
-      if (IsRecv(k)) recvs[{key->peer, key->rank, bwd, mod, key->mb, key->task, shard}].push_back(h);
+      int mod = static_cast<int>(key->module),
+          shard = key->module == Module::kText ? 0 : key->chunk;
+      if (IsSend(k))
+        sends[{key->rank, key->peer, bwd, mod, key->mb, key->task, shard}].push_back(h);
+      if (IsRecv(k))
+        recvs[{key->peer, key->rank, bwd, mod, key->mb, key->task, shard}].push_back(h);
     }
   }
   // Pair in order of appearance; the pair's tag is set after Finish.

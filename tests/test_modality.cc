@@ -37,7 +37,8 @@ data:
     - {{height: 1344, width: 1344, weight: 0.3}}
     - {{height: 2048, width: 2048, weight: 0.1}}
 schedule: {{pipeline: 1f1b, modality: {}}}
-)", m, policy);
+)",
+                                 m, policy);
   return ParseYaml(yaml, std::move(sets));
 }
 
@@ -56,10 +57,11 @@ double PeakVisionActivation(const Metrics& m) {
 // Understanding pipeline written by hand: pp = 2, one micro-batch, its image encoded on
 // r1 and sent to r0; the gradient comes back.
 std::vector<std::vector<std::string>> VisionOnOtherRank() {
-  return {{"r0 vision.RECV_F m0 t0 <-r1", "r0 F c0 m0", "r0 SEND_F c0 m0 ->r1", "r0 RECV_B c0 m0 <-r1", "r0 B c0 m0",
-           "r0 vision.SEND_B m0 t0 ->r1"},
-          {"r1 vision.F m0 t0", "r1 vision.SEND_F m0 t0 ->r0", "r1 RECV_F c0 m0 <-r0", "r1 F c0 m0", "r1 B c0 m0",
-           "r1 SEND_B c0 m0 ->r0", "r1 vision.RECV_B m0 t0 <-r0", "r1 vision.B m0 t0"}};
+  return {
+      {"r0 vision.RECV_F m0 t0 <-r1", "r0 F c0 m0", "r0 SEND_F c0 m0 ->r1", "r0 RECV_B c0 m0 <-r1",
+       "r0 B c0 m0", "r0 vision.SEND_B m0 t0 ->r1"},
+      {"r1 vision.F m0 t0", "r1 vision.SEND_F m0 t0 ->r0", "r1 RECV_F c0 m0 <-r0", "r1 F c0 m0",
+       "r1 B c0 m0", "r1 SEND_B c0 m0 ->r0", "r1 vision.RECV_B m0 t0 <-r0", "r1 vision.B m0 t0"}};
 }
 
 std::string Why(const std::vector<std::vector<std::string>>& ops) {
@@ -77,7 +79,8 @@ TEST_CASE("patches and visual tokens follow the patch and merge sizes") {
   CHECK(Patches({448, 448, 8}, 14) == 32 * 32 * 8);
 }
 
-TEST_CASE("every policy's plan validates, for 1F1B and interleaved 1F1B, with and without a generator") {
+TEST_CASE(
+    "every policy's plan validates, for 1F1B and interleaved 1F1B, with and without a generator") {
   for (std::string policy : {"inline", "decoupled", "nested", "bubble-fill"}) {
     for (bool interleaved : {false, true}) {
       CAPTURE(policy);
@@ -88,14 +91,17 @@ TEST_CASE("every policy's plan validates, for 1F1B and interleaved 1F1B, with an
       Status s = ValidatePlan(Plan(c));
       CHECK_MESSAGE(s.ok(), s.message());
     }
-    Config g = Multimodal(policy, 8, {"model.generator={layers: 4, hidden: 1024, mlp: 4096, heads: 8}",
-                                      "data.generate={height: 512, width: 512}"});
+    Config g = Multimodal(policy, 8,
+                          {"model.generator={layers: 4, hidden: 1024, mlp: 4096, heads: 8}",
+                           "data.generate={height: 512, width: 512}"});
     Status s = ValidatePlan(Plan(g));
     CHECK_MESSAGE(s.ok(), s.message());
   }
 }
 
-TEST_CASE("the hand-written multimodal table is valid") { CHECK(ValidatePlan(TableFromOps(VisionOnOtherRank(), 2, 1, 1)).ok()); }
+TEST_CASE("the hand-written multimodal table is valid") {
+  CHECK(ValidatePlan(TableFromOps(VisionOnOtherRank(), 2, 1, 1)).ok());
+}
 
 TEST_CASE("broken: a text forward runs before its vision output arrived") {
   auto ops = VisionOnOtherRank();
@@ -107,20 +113,28 @@ TEST_CASE("broken: a vision backward before its gradient exists") {
   auto ops = VisionOnOtherRank();
   ops[0].pop_back();
   ops[0].insert(ops[0].begin() + 3, "r0 vision.SEND_B m0 t0 ->r1");  // before r0 B c0 m0
-  CHECK(Why(ops) == "r1 vision.RECV_B m0 t0 <-r0: sent before the gradient from r0 B c0 m0 produced it");
+  CHECK(Why(ops) ==
+        "r1 vision.RECV_B m0 t0 <-r0: sent before the gradient from r0 B c0 m0 produced it");
 }
 
 TEST_CASE("broken: a vision backward before its forward") {
   auto ops = VisionOnOtherRank();
-  ops[1] = {"r1 vision.RECV_B m0 t0 <-r0", "r1 vision.B m0 t0", "r1 vision.F m0 t0", "r1 vision.SEND_F m0 t0 ->r0",
-            "r1 RECV_F c0 m0 <-r0", "r1 F c0 m0", "r1 B c0 m0", "r1 SEND_B c0 m0 ->r0"};
+  ops[1] = {"r1 vision.RECV_B m0 t0 <-r0",
+            "r1 vision.B m0 t0",
+            "r1 vision.F m0 t0",
+            "r1 vision.SEND_F m0 t0 ->r0",
+            "r1 RECV_F c0 m0 <-r0",
+            "r1 F c0 m0",
+            "r1 B c0 m0",
+            "r1 SEND_B c0 m0 ->r0"};
   CHECK(!ValidatePlan(TableFromOps(ops, 2, 1, 1)).ok());
 }
 
 TEST_CASE("broken: generator ops out of order") {
   std::vector<std::vector<std::string>> ok = {
       {"r0 F c0 m0", "r0 SEND_F c0 m0 ->r1", "r0 RECV_B c0 m0 <-r1", "r0 B c0 m0"},
-      {"r1 RECV_F c0 m0 <-r0", "r1 F c0 m0", "r1 generator.F m0", "r1 generator.B m0", "r1 B c0 m0", "r1 SEND_B c0 m0 ->r0"}};
+      {"r1 RECV_F c0 m0 <-r0", "r1 F c0 m0", "r1 generator.F m0", "r1 generator.B m0", "r1 B c0 m0",
+       "r1 SEND_B c0 m0 ->r0"}};
   CHECK(ValidatePlan(TableFromOps(ok, 2, 1, 1)).ok());
   auto b = ok;
   std::swap(b[1][2], b[1][3]);  // generator backward before its forward
@@ -134,18 +148,21 @@ TEST_CASE("broken: generator ops out of order") {
 }
 
 TEST_CASE("dynamic CP: a 3584x3584 image is split over a sub-group with gather-KV") {
-  Config c = Multimodal("nested", 8, {"model.vision.cp_threshold_patches=16384", "model.vision.cp_max_group=8"});
+  Config c = Multimodal("nested", 8,
+                        {"model.vision.cp_threshold_patches=16384", "model.vision.cp_max_group=8"});
   CpPlan p = PlanVisionCp(c, {Patches({3584, 3584, 1}, 14), 256, 256, 256}, 8);
   REQUIRE(p.items.size() == 4);
   CHECK(p.items[0].k > 1);
   CHECK(p.items[0].first_gpu % p.items[0].k == 0);  // aligned sub-group
   CHECK(p.items[0].gather_bytes_per_gpu > 0);
   CHECK(p.items[1].k == 1);  // thumbnails are never split
-  MESSAGE("3584^2 image: k = " << p.items[0].k << ", per-GPU load max/mean = " << p.max_flops() / p.mean_flops());
+  MESSAGE("3584^2 image: k = " << p.items[0].k
+                               << ", per-GPU load max/mean = " << p.max_flops() / p.mean_flops());
 }
 
 TEST_CASE("dynamic CP: several large images spread over sub-groups with balanced load") {
-  Config c = Multimodal("nested", 8, {"model.vision.cp_threshold_patches=16384", "model.vision.cp_max_group=4"});
+  Config c = Multimodal("nested", 8,
+                        {"model.vision.cp_threshold_patches=16384", "model.vision.cp_max_group=4"});
   std::vector<int64_t> images(8, Patches({3584, 3584, 1}, 14));
   for (int i = 0; i < 40; ++i) images.push_back(Patches({448, 448, 1}, 14));
   CpPlan p = PlanVisionCp(c, images, 16);
@@ -158,11 +175,13 @@ TEST_CASE("dynamic CP: several large images spread over sub-groups with balanced
   }
   CHECK(groups.size() == 8);
   CHECK(p.max_flops() / p.mean_flops() < 1.1);
-  MESSAGE("8 large + 40 small images on 16 GPUs: max/mean load = " << p.max_flops() / p.mean_flops());
+  MESSAGE("8 large + 40 small images on 16 GPUs: max/mean load = " << p.max_flops() /
+                                                                          p.mean_flops());
 }
 
 TEST_CASE("dynamic CP: the gather-KV share stays bounded when the job grows 8x") {
-  Config c = Multimodal("nested", 8, {"model.vision.cp_threshold_patches=16384", "model.vision.cp_max_group=8"});
+  Config c = Multimodal("nested", 8,
+                        {"model.vision.cp_threshold_patches=16384", "model.vision.cp_max_group=8"});
   auto batch = [](int scale) {
     std::vector<int64_t> v;
     for (int s = 0; s < scale; ++s) {
@@ -176,7 +195,7 @@ TEST_CASE("dynamic CP: the gather-KV share stays bounded when the job grows 8x")
   double fs = CpCommFraction(c, small), fl = CpCommFraction(c, large);
   MESSAGE("gather-KV share of the busiest GPU: " << fs << " on 64 GPUs, " << fl << " on 512 GPUs");
   MESSAGE("max/mean load: " << small.max_flops() / small.mean_flops() << " on 64 GPUs, "
-                             << large.max_flops() / large.mean_flops() << " on 512 GPUs");
+                            << large.max_flops() / large.mean_flops() << " on 512 GPUs");
   CHECK(fs > 0);
   CHECK(fl <= fs * 1.25);
   CHECK(fl < 0.5);
@@ -189,8 +208,9 @@ TEST_CASE("decoupled vision memory grows with micro-batches; nested stays flat")
   double d64 = PeakVisionActivation(Simulated(Multimodal("decoupled", 64)));
   double n16 = PeakVisionActivation(Simulated(Multimodal("nested", 16)));
   double n64 = PeakVisionActivation(Simulated(Multimodal("nested", 64)));
-  MESSAGE("peak vision activations, GiB: decoupled " << d16 / (1 << 30) << " -> " << d64 / (1 << 30) << ", nested "
-                                                      << n16 / (1 << 30) << " -> " << n64 / (1 << 30));
+  MESSAGE("peak vision activations, GiB: decoupled " << d16 / (1 << 30) << " -> " << d64 / (1 << 30)
+                                                     << ", nested " << n16 / (1 << 30) << " -> "
+                                                     << n64 / (1 << 30));
   CHECK(d64 > 3 * d16);
   CHECK(n64 < 1.25 * n16);
 }
@@ -202,7 +222,8 @@ TEST_CASE("nested and bubble-fill are faster than inline, which large images slo
   CHECK(nes < inl);
   CHECK(bub < inl);
   Metrics m = Simulated(Multimodal("inline", 16));
-  CHECK(m.vision_load_after[2] == doctest::Approx(m.vision_load_before[2]));  // inline does not rebalance
+  CHECK(m.vision_load_after[2] ==
+        doctest::Approx(m.vision_load_before[2]));  // inline does not rebalance
   Metrics n = Simulated(Multimodal("nested", 16));
   CHECK(n.vision_load_after[2] < n.vision_load_before[2]);
   CHECK(n.vision_hidden_fraction >= 0);
@@ -211,20 +232,30 @@ TEST_CASE("nested and bubble-fill are faster than inline, which large images slo
 
 TEST_CASE("manifest: samples are read, bad lines name the file and line") {
   std::string dir = TempDir();
-  REQUIRE(WriteFileAtomic(dir + "/ok.jsonl", "{\"id\": \"a\", \"text_tokens\": 100, \"images\": [[224, 224]]}\n"
-                                             "{\"id\": \"b\", \"text_tokens\": 50, \"videos\": [[4, 448, 448]]}\n").ok());
-  Config c = Multimodal("inline", 1, {"data.manifest=" + dir + "/ok.jsonl", "parallelism.pp=1",
-                                      "cluster.gpus_per_node=1", "model.llm.layers=2"});
+  REQUIRE(WriteFileAtomic(dir + "/ok.jsonl",
+                          "{\"id\": \"a\", \"text_tokens\": 100, \"images\": [[224, 224]]}\n"
+                          "{\"id\": \"b\", \"text_tokens\": 50, \"videos\": [[4, 448, 448]]}\n")
+              .ok());
+  Config c = Multimodal("inline", 1,
+                        {"data.manifest=" + dir + "/ok.jsonl", "parallelism.pp=1",
+                         "cluster.gpus_per_node=1", "model.llm.layers=2"});
   auto b = MakeStepBatch(c);
   REQUIRE_MESSAGE(b.ok(), b.status().message());
   REQUIRE(b->replicas[0][0].samples.size() == 2);
   CHECK(b->replicas[0][0].visual_tokens == 64 + 4 * 256);
-  REQUIRE(WriteFileAtomic(dir + "/bad.jsonl", "{\"id\": \"a\", \"images\": [[224, 224]]}\n{\"id\": 2, \"pictures\": []}\n").ok());
+  REQUIRE(
+      WriteFileAtomic(dir + "/bad.jsonl",
+                      "{\"id\": \"a\", \"images\": [[224, 224]]}\n{\"id\": 2, \"pictures\": []}\n")
+          .ok());
   c.data.manifest = dir + "/bad.jsonl";
-  CHECK(MakeStepBatch(c).status().message() ==
-        dir + "/bad.jsonl:2: unknown key 'pictures' (expected id, text_tokens, images, videos, generate)");
-  REQUIRE(WriteFileAtomic(dir + "/big.jsonl", "{\"id\": \"huge\", \"text_tokens\": 8000, \"images\": [[2048, 2048]]}\n").ok());
+  CHECK(MakeStepBatch(c).status().message() == dir +
+                                                   "/bad.jsonl:2: unknown key 'pictures' (expected "
+                                                   "id, text_tokens, images, videos, generate)");
+  REQUIRE(WriteFileAtomic(dir + "/big.jsonl",
+                          "{\"id\": \"huge\", \"text_tokens\": 8000, \"images\": [[2048, 2048]]}\n")
+              .ok());
   c.data.manifest = dir + "/big.jsonl";
   CHECK(MakeStepBatch(c).status().message() ==
-        "huge: 8000 text + 5403 visual tokens do not fit in a micro-batch of 8192 tokens (seq_length x micro_batch_size)");
+        "huge: 8000 text + 5403 visual tokens do not fit in a micro-batch of 8192 tokens "
+        "(seq_length x micro_batch_size)");
 }
