@@ -37,5 +37,6 @@ Command MakeValidateCommand();
 Command MakeShowCommand();
 Command MakeSimulateCommand();
 Command MakeSweepCommand();
+Command MakeExecuteCommand();
 
 }  // namespace pipeplan

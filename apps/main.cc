@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
       {"simulate", "Simulate a config or plan: step time, bubbles, memory, MFU, trace",
        MakeSimulateCommand()},
       {"sweep", "Plan and simulate a grid of config variations", MakeSweepCommand()},
+      {"execute", "Run a plan: every rank's sequence with real numerics (CPU backend)", MakeExecuteCommand()},
   };
   std::vector<CLI::App*> subs;
   for (Entry& e : table) {

@@ -81,7 +81,7 @@ std::string ChromeTrace(const Table& t, const Timeline& tl,
         }
   }
   for (OpId i = 0; i < t.size(); ++i) {
-    if (!include[t.rank(i)]) continue;
+    if (!include[t.rank(i)] || tl.start[i] < 0) continue;  // negative: never ran
     const Work& w = t.work(i);
     std::string args =
         fmt::format(R"("module":"{}","kind":"{}")", ModuleName(t.module(i)), KindName(t.kind(i)));
@@ -98,7 +98,7 @@ std::string ChromeTrace(const Table& t, const Timeline& tl,
         (tl.end[i] - tl.start[i]) * 1e6, args));
     if (IsRecv(t.kind(i)) && !t.deps(i).empty()) {
       OpId s = t.deps(i)[0];
-      if (!include[t.rank(s)]) continue;
+      if (!include[t.rank(s)] || tl.start[s] < 0) continue;
       emit(fmt::format(
           R"({{"ph":"s","name":"p2p","cat":"p2p","id":{},"pid":{},"tid":{},"ts":{:.6f}}})",
           t.tag(i), t.rank(s), tid_of[s], tl.start[s] * 1e6));

@@ -2,7 +2,8 @@
 // One process per rank, one thread per stream (compute, vision, generator, pp send,
 // pp recv, collectives; extra lanes "... #2" where ops of one stream overlap), complete
 // events named in the op string form, flow arrows SEND -> RECV, counter tracks.
-// Timestamps in microseconds from the step start.
+// Timestamps in microseconds from the step start; ops with a negative start never ran and
+// are left out (partial traces of failed runs).
 #pragma once
 
 #include <string>

@@ -8,7 +8,7 @@
 namespace pipeplan {
 
 struct Timeline {
-  std::vector<double> start;  // seconds
+  std::vector<double> start;  // seconds; negative = the op never ran (measured timelines)
   std::vector<double> end;    // seconds
   double Makespan() const;    // latest end, seconds
 };

@@ -1,0 +1,248 @@
+#include "executor/cpu_backend.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace pipeplan {
+namespace {
+
+// The replica whose first stage consumes vision op i's output: the peer of its SEND_F,
+// else its own rank (then a first stage).
+std::map<std::tuple<int, int, int>, int> VisionConsumers(const Table& t) {
+  std::map<std::tuple<int, int, int>, int> consumer;  // (mb, task, shard) -> replica
+  for (OpId i = 0; i < t.size(); ++i) {
+    if (t.module(i) != Module::kVision) continue;
+    std::tuple<int, int, int> key{t.mb(i), t.task(i), t.chunk(i)};
+    if (t.kind(i) == OpKind::kSendF) consumer[key] = t.ranks()[t.peer(i)].dp;
+    else if (t.kind(i) == OpKind::kF && !consumer.count(key)) consumer[key] = t.ranks()[t.rank(i)].dp;
+  }
+  return consumer;
+}
+
+Tensor Row0(const Tensor& x, int d) { return Tensor(x.begin(), x.begin() + d); }
+
+}  // namespace
+
+double MaxRelativeError(const Tensor& a, const Tensor& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double diff = 0, scale = 1e-300;
+  for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(a[i] - b[i])), scale = std::max(scale, std::abs(b[i]));
+  return diff / scale;
+}
+
+CpuBackend::CpuBackend(const Table& t, int32_t rank, std::shared_ptr<const TinyModel> model)
+    : t_(t), rank_(rank), stage_(t.ranks()[rank].pp), replica_(t.ranks()[rank].dp), pp_(t.meta().pp),
+      stages_(t.meta().pp * t.meta().vp), m_(std::move(model)), grads_(m_->ZeroGrads()) {
+  for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i) {
+    if (t.module(i) != Module::kVision) continue;
+    TaskKey key{t.mb(i), t.task(i), t.chunk(i)};
+    if (t.kind(i) == OpKind::kRecvF) ++vision_expected_[t.mb(i)];
+    if (t.kind(i) == OpKind::kSendF) vision_remote_[key] = true;
+  }
+  for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i)
+    if (t.module(i) == Module::kVision && t.kind(i) == OpKind::kF &&
+        !vision_remote_.count({t.mb(i), t.task(i), t.chunk(i)}))
+      ++vision_expected_[t.mb(i)];
+}
+
+Status CpuBackend::Compute(OpId op) {
+  const Module mod = t_.module(op);
+  const OpKind k = t_.kind(op);
+  if (k == OpKind::kOptStep) return Status::Ok();  // gradients are what the check compares
+  if (mod == Module::kText && k == OpKind::kF) return TextForward(op);
+  if (mod == Module::kText && k == OpKind::kB) return TextBackward(op);
+  if (mod == Module::kVision && (k == OpKind::kF || k == OpKind::kRecompute)) return VisionForward(op, k == OpKind::kRecompute);
+  if (mod == Module::kVision && k == OpKind::kB) return VisionBackward(op);
+  if (mod == Module::kGenerator && k == OpKind::kF) {
+    if (!out_.count({stages_ - 1, t_.mb(op)})) return Internal("the last stage's output is missing");
+    return Status::Ok();
+  }
+  if (mod == Module::kGenerator && k == OpKind::kB) {
+    const StageKey last{stages_ - 1, t_.mb(op)};
+    if (!out_.count(last)) return Internal("the last stage's output is missing");
+    loss_ += m_->Head(out_[last], m_->Target(replica_, t_.mb(op)), &dout_[last], &grads_);
+    return Status::Ok();
+  }
+  return Internal(fmt::format("the CPU backend cannot run {}", KindName(k)));
+}
+
+Status CpuBackend::TextForward(OpId op) {
+  const int g = t_.chunk(op) * pp_ + stage_, mb = t_.mb(op);
+  Tensor x;
+  if (g == 0) {
+    x = m_->TextInput(replica_, mb);
+    auto& rows = vision_in_[mb];
+    if (static_cast<int>(rows.size()) != vision_expected_[mb])
+      return Internal(fmt::format("{} of {} visual inputs arrived", rows.size(), vision_expected_[mb]));
+    for (const Tensor& v : rows)
+      for (int j = 0; j < m_->width(); ++j) x[j] += v[j];
+  } else {
+    auto it = in_.find({g, mb});
+    if (it == in_.end()) return Internal("its input from the previous stage has not arrived");
+    x = std::move(it->second);
+    in_.erase(it);
+  }
+  const Work& w = t_.work(op);
+  auto& saved = saved_[{g, mb}];
+  m_->Forward(Module::kText, w.layer_begin, w.layer_end, &x, &saved);
+  if (g == stages_ - 1 && !m_->has_generator())
+    loss_ += m_->Head(x, m_->Target(replica_, mb), &dout_[{g, mb}], &grads_);
+  if (g + 1 < stages_ && (g + 1) % pp_ == stage_) in_[{g + 1, mb}] = x;  // next chunk on this rank
+  out_[{g, mb}] = std::move(x);
+  return Status::Ok();
+}
+
+Status CpuBackend::TextBackward(OpId op) {
+  const int g = t_.chunk(op) * pp_ + stage_, mb = t_.mb(op);
+  auto it = dout_.find({g, mb});
+  if (it == dout_.end()) return Internal("its output gradient has not arrived");
+  auto sv = saved_.find({g, mb});
+  if (sv == saved_.end()) return Internal("it runs before its forward");
+  Tensor dx = std::move(it->second);
+  dout_.erase(it);
+  m_->Backward(Module::kText, t_.work(op).layer_begin, sv->second, &dx, &grads_);
+  saved_.erase(sv);
+  out_.erase({g, mb});
+  if (g == 0) dx0_[mb] = Row0(dx, m_->width());
+  else if ((g - 1) % pp_ == stage_) dout_[{g - 1, mb}] = dx;  // previous chunk on this rank
+  din_[{g, mb}] = std::move(dx);
+  return Status::Ok();
+}
+
+Status CpuBackend::VisionForward(OpId op, bool recompute) {
+  const TaskKey key{t_.mb(op), t_.task(op), t_.chunk(op)};
+  Tensor u = m_->VisionInput(t_.mb(op), t_.task(op), std::max(0, t_.chunk(op)));
+  std::vector<Tensor> saved;
+  m_->Forward(Module::kVision, 0, m_->vision_layers(), &u, &saved);
+  saved.push_back(u);  // projector input
+  vision_saved_[key] = std::move(saved);
+  if (recompute) return Status::Ok();
+  Tensor v = m_->Project(u);
+  if (vision_remote_.count(key)) vision_out_[key] = std::move(v);
+  else vision_in_[t_.mb(op)].push_back(std::move(v));
+  return Status::Ok();
+}
+
+Status CpuBackend::VisionBackward(OpId op) {
+  const TaskKey key{t_.mb(op), t_.task(op), t_.chunk(op)};
+  Tensor dv;
+  if (vision_remote_.count(key)) {
+    auto it = vision_grad_.find(key);
+    if (it == vision_grad_.end()) return Internal("its gradient has not arrived");
+    dv = std::move(it->second);
+    vision_grad_.erase(it);
+  } else {
+    auto it = dx0_.find(t_.mb(op));
+    if (it == dx0_.end()) return Internal("its gradient does not exist yet");
+    dv = it->second;
+  }
+  auto sv = vision_saved_.find(key);
+  if (sv == vision_saved_.end()) return Internal("it runs before its forward");
+  std::vector<Tensor> saved = std::move(sv->second);
+  vision_saved_.erase(sv);
+  Tensor du = m_->ProjectBack(saved.back(), dv, &grads_);
+  saved.pop_back();
+  m_->Backward(Module::kVision, 0, saved, &du, &grads_);
+  return Status::Ok();
+}
+
+StatusOr<Tensor> CpuBackend::Outgoing(OpId op) {
+  const int g = t_.chunk(op) * pp_ + stage_, mb = t_.mb(op);
+  if (t_.module(op) == Module::kVision) {
+    if (t_.kind(op) == OpKind::kSendB) {
+      auto it = dx0_.find(mb);
+      if (it == dx0_.end()) return Internal("the gradient it sends does not exist yet");
+      return it->second;
+    }
+    auto it = vision_out_.find({mb, t_.task(op), t_.chunk(op)});
+    if (it == vision_out_.end()) return Internal("the output it sends does not exist yet");
+    Tensor v = std::move(it->second);
+    vision_out_.erase(it);
+    return v;
+  }
+  auto& from = t_.kind(op) == OpKind::kSendF ? out_ : din_;
+  auto it = from.find({g, mb});
+  if (it == from.end()) return Internal("the tensor it sends does not exist yet");
+  Tensor x = it->second;
+  if (t_.kind(op) == OpKind::kSendB) din_.erase(it);
+  return x;
+}
+
+Status CpuBackend::Incoming(OpId op, Tensor data) {
+  const int g = t_.chunk(op) * pp_ + stage_, mb = t_.mb(op);
+  if (t_.module(op) == Module::kVision) {
+    if (t_.kind(op) == OpKind::kRecvF) vision_in_[mb].push_back(std::move(data));
+    else vision_grad_[{mb, t_.task(op), t_.chunk(op)}] = std::move(data);
+    return Status::Ok();
+  }
+  (t_.kind(op) == OpKind::kRecvF ? in_ : dout_)[{g, mb}] = std::move(data);
+  return Status::Ok();
+}
+
+// The gradient slice a collective reduces: a text chunk's layers, or a whole module.
+Tensor* CpuBackend::Slice(OpId op, size_t* offset, size_t* length) {
+  const size_t dd = static_cast<size_t>(m_->width()) * m_->width();
+  Tensor& all = grads_.of(t_.module(op));
+  *offset = 0, *length = all.size();
+  if (t_.module(op) == Module::kText) {
+    const int g = t_.chunk(op) * pp_ + stage_;
+    const int per_chunk = m_->text_layers() / stages_;
+    *offset = dd * g * per_chunk, *length = dd * per_chunk;
+  }
+  return &all;
+}
+
+StatusOr<Tensor> CpuBackend::Contribution(OpId op) {
+  if (t_.kind(op) == OpKind::kAllGather) return Tensor{};  // parameters: nothing numeric here
+  size_t off, len;
+  Tensor* all = Slice(op, &off, &len);
+  return Tensor(all->begin() + off, all->begin() + off + len);
+}
+
+Status CpuBackend::Reduced(OpId op, Tensor sum) {
+  if (t_.kind(op) == OpKind::kAllGather) return Status::Ok();
+  size_t off, len;
+  Tensor* all = Slice(op, &off, &len);
+  if (sum.size() != len) return Internal("reduced gradient has the wrong size");
+  std::copy(sum.begin(), sum.end(), all->begin() + off);
+  return Status::Ok();
+}
+
+Reference RunReference(const Table& t, const TinyModel& m) {
+  Reference ref;
+  ref.grads = m.ZeroGrads();
+  const int d = m.width(), dp = t.meta().dp, M = t.meta().microbatches;
+  std::map<std::pair<int, int>, std::vector<std::tuple<int, int, int>>> tasks;  // (replica, mb) -> tasks
+  for (auto& [key, replica] : VisionConsumers(t)) tasks[{replica, std::get<0>(key)}].push_back(key);
+  for (int r = 0; r < dp; ++r) {
+    for (int mb = 0; mb < M; ++mb) {
+      Tensor x = m.TextInput(r, mb);
+      std::vector<std::vector<Tensor>> vsaved;
+      for (auto& [tmb, task, shard] : tasks[{r, mb}]) {
+        Tensor u = m.VisionInput(tmb, task, std::max(0, shard));
+        std::vector<Tensor> saved;
+        m.Forward(Module::kVision, 0, m.vision_layers(), &u, &saved);
+        saved.push_back(u);
+        Tensor v = m.Project(u);
+        for (int j = 0; j < d; ++j) x[j] += v[j];
+        vsaved.push_back(std::move(saved));
+      }
+      std::vector<Tensor> saved;
+      m.Forward(Module::kText, 0, m.text_layers(), &x, &saved);
+      Tensor dx;
+      ref.loss += m.Head(x, m.Target(r, mb), &dx, &ref.grads);
+      m.Backward(Module::kText, 0, saved, &dx, &ref.grads);
+      const Tensor dv = Row0(dx, d);
+      for (auto& vs : vsaved) {
+        Tensor du = m.ProjectBack(vs.back(), dv, &ref.grads);
+        vs.pop_back();
+        m.Backward(Module::kVision, 0, vs, &du, &ref.grads);
+      }
+    }
+  }
+  return ref;
+}
+
+}  // namespace pipeplan

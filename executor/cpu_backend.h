@@ -1,0 +1,61 @@
+// CPU backend: runs a plan's compute ops on the tiny model (executor/tiny_model.h) with
+// real numerics, and a sequential reference over the same micro-batches. A rank that
+// finds an input missing when an op runs reports it (a missing dependency in the plan).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "executor/runner.h"
+#include "executor/tiny_model.h"
+
+namespace pipeplan {
+
+class CpuBackend : public Backend {
+ public:
+  CpuBackend(const Table& t, int32_t rank, std::shared_ptr<const TinyModel> model);
+  Status Compute(OpId op) override;
+  StatusOr<Tensor> Outgoing(OpId send) override;
+  Status Incoming(OpId recv, Tensor data) override;
+  StatusOr<Tensor> Contribution(OpId collective) override;
+  Status Reduced(OpId collective, Tensor sum) override;
+
+  const ParamSet& grads() const { return grads_; }
+  double loss() const { return loss_; }
+
+ private:
+  using StageKey = std::pair<int, int>;            // (global stage, micro-batch)
+  using TaskKey = std::tuple<int, int, int>;        // (micro-batch, task, shard)
+  Status TextForward(OpId op);
+  Status TextBackward(OpId op);
+  Status VisionForward(OpId op, bool recompute);
+  Status VisionBackward(OpId op);
+  Tensor* Slice(OpId collective, size_t* offset, size_t* length);
+
+  const Table& t_;
+  int32_t rank_, stage_, replica_, pp_, stages_;
+  std::shared_ptr<const TinyModel> m_;
+  ParamSet grads_;
+  double loss_ = 0;
+  std::map<StageKey, Tensor> in_, out_, dout_, din_;  // stage inputs/outputs and their gradients
+  std::map<StageKey, std::vector<Tensor>> saved_;
+  std::map<int, std::vector<Tensor>> vision_in_;      // micro-batch -> visual rows received
+  std::map<int, int> vision_expected_;                // micro-batch -> how many
+  std::map<int, Tensor> dx0_;                          // micro-batch -> gradient of the first row
+  std::map<TaskKey, Tensor> vision_out_, vision_grad_;
+  std::map<TaskKey, std::vector<Tensor>> vision_saved_;
+  std::map<TaskKey, bool> vision_remote_;             // output goes to another rank
+};
+
+struct Reference {
+  ParamSet grads;
+  double loss = 0;
+};
+// The same micro-batches, run one after another in one process.
+Reference RunReference(const Table& t, const TinyModel& m);
+
+// Max relative error of a against b: max |a - b| / max(max |b|, 1e-300).
+double MaxRelativeError(const Tensor& a, const Tensor& b);
+
+}  // namespace pipeplan
