@@ -7,12 +7,13 @@
 #include "core/chrome_trace.h"
 #include "core/files.h"
 #include "planner/plan.h"
+#include "planner/yaml_doc.h"
 
 namespace pipeplan {
 
 Command MakeSimulateCommand() {
   struct Options {
-    std::string input, trace, cost = "real";
+    std::string input, trace, cost = "real", calibration;
     std::vector<std::string> sets;
     std::vector<int32_t> trace_ranks, trace_dp;
     bool json = false;
@@ -28,11 +29,18 @@ Command MakeSimulateCommand() {
         ->delimiter(',');
     app->add_option("--trace-dp", o->trace_dp, "limit the trace to these DP replicas")
         ->delimiter(',');
+    app->add_option("--calibration", o->calibration, "a calibration file written by compare --calibrate");
     app->add_option("--cost", o->cost, "real (hardware cost model) or unit (F=1, B=2, comm 0)")
         ->check(CLI::IsMember({"real", "unit"}));
   };
   c.run = [o]() -> int {
-    auto in = LoadInput(o->input, o->sets);
+    std::vector<std::string> sets = o->sets;
+    if (!o->calibration.empty()) {
+      auto cal = YamlDoc::FromFile(o->calibration);
+      if (!cal.ok()) return Report(cal.status());
+      for (const std::string& s : cal->LeafAssignments()) sets.push_back(s);
+    }
+    auto in = LoadInput(o->input, sets);
     if (!in.ok()) return Report(in.status());
     SimOptions so = SimOptionsFor(in->config, o->cost == "unit");
     so.memory_curves = !o->trace.empty();

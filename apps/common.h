@@ -38,5 +38,6 @@ Command MakeShowCommand();
 Command MakeSimulateCommand();
 Command MakeSweepCommand();
 Command MakeExecuteCommand();
+Command MakeCompareCommand();
 
 }  // namespace pipeplan

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "core/table_io.h"
+#include "executor/runner.h"
 #include "planner/plan.h"
 #include "simulator/engine.h"
 
@@ -112,6 +113,35 @@ void BM_ReplanK3Step(benchmark::State& state) {
   state.counters["ops"] = static_cast<double>(ops);
 }
 BENCHMARK(BM_ReplanK3Step)->Unit(benchmark::kMillisecond)->MinTime(2);
+
+// Executor overhead: the runner and in-process transport with a backend that does no work,
+// so the time per op is what the executor adds (dispatch, timing, mailbox, wake-ups).
+class NullBackend : public Backend {
+ public:
+  Status Compute(OpId) override { return Status::Ok(); }
+  StatusOr<Tensor> Outgoing(OpId) override { return Tensor{}; }
+  Status Incoming(OpId, Tensor) override { return Status::Ok(); }
+  StatusOr<Tensor> Contribution(OpId) override { return Tensor{}; }
+  Status Reduced(OpId, Tensor) override { return Status::Ok(); }
+};
+
+void BM_ExecutorOverhead(benchmark::State& state) {
+  const int pp = static_cast<int>(state.range(0));
+  Table t = MustPlan(BenchConfig(pp, 1, 1, 2048));
+  for (auto _ : state) {
+    std::vector<std::unique_ptr<Backend>> backends;
+    for (int r = 0; r < t.num_ranks(); ++r) backends.push_back(std::make_unique<NullBackend>());
+    Timeline tl;
+    Status s = RunLocal(t, backends, RunOptions{}, &tl);
+    if (!s.ok()) state.SkipWithError(s.message().c_str());
+  }
+  state.counters["ops"] = static_cast<double>(t.size());
+  // Wall time per op of one rank's sequence (ranks run in parallel threads).
+  state.counters["s_per_op"] = benchmark::Counter(static_cast<double>(t.size()) / t.num_ranks(),
+                                                   benchmark::Counter::kIsIterationInvariantRate |
+                                                       benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_ExecutorOverhead)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Baseline: a bare dependent pass over 10M pre-ordered ops (start = max(prev end, x)).
 void BM_BarePass(benchmark::State& state) {

@@ -17,6 +17,7 @@ std::vector<RankInfo> MakeRanks(const Config& config);
 SimOptions SimOptionsFor(const Config& config, bool unit_costs = false);
 
 // The config a plan was made from (stored in the plan), parsed again.
-StatusOr<Config> ConfigOfPlan(const Table& plan, const std::string& plan_path);
+StatusOr<Config> ConfigOfPlan(const Table& plan, const std::string& plan_path,
+                              const std::vector<std::string>& sets = {});
 
 }  // namespace pipeplan

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <sstream>
 
 #include "core/files.h"
@@ -96,6 +97,20 @@ Status YamlDoc::ApplySet(const std::string& assignment) {
   chain.back()[keys.back()] = value;
   set_origin_[path] = assignment;
   return Status::Ok();
+}
+
+std::vector<std::string> YamlDoc::LeafAssignments() const {
+  std::vector<std::string> out;
+  std::function<void(const YAML::Node&, const std::string&)> walk = [&](const YAML::Node& n, const std::string& path) {
+    if (n.IsMap()) {
+      for (auto it = n.begin(); it != n.end(); ++it)
+        walk(it->second, path.empty() ? it->first.as<std::string>() : path + "." + it->first.as<std::string>());
+    } else if (n.IsScalar()) {
+      out.push_back(path + "=" + n.Scalar());
+    }
+  };
+  walk(root_, "");
+  return out;
 }
 
 std::string YamlDoc::Dump() const {

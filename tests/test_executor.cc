@@ -133,3 +133,22 @@ TEST_CASE("execute CLI: --check passes, the measured trace is a Chrome trace of 
   CHECK(cuda.exit_code != 0);
   CHECK(cuda.out.find("CUDA") != std::string::npos);
 }
+
+TEST_CASE("compare lines up a simulated and a measured trace; its calibration loads in simulate") {
+  std::string dir = TempDir();
+  std::string cfg = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/small_text.yaml";
+  REQUIRE(RunCli("plan " + cfg + " -o " + dir + "/p.pb").exit_code == 0);
+  REQUIRE(RunCli("simulate " + dir + "/p.pb --trace " + dir + "/sim.json").exit_code == 0);
+  REQUIRE(RunCli("execute " + dir + "/p.pb --local-ranks 4 --trace " + dir + "/meas.json").exit_code == 0);
+  RunResult r = RunCli("compare " + dir + "/sim.json " + dir + "/meas.json --calibrate " + dir + "/cal.yaml");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  CHECK(r.out.find("ops              356 matched, 0 only simulated, 0 only measured") != std::string::npos);
+  CHECK(r.out.find("worst ops (measured - predicted):") != std::string::npos);
+  std::string cal = Slurp(dir + "/cal.yaml");
+  CHECK(cal.find("compute_efficiency:") != std::string::npos);
+  // The fitted factors reproduce the measured compute total when simulated again.
+  RunResult again = RunCli("simulate " + dir + "/p.pb --calibration " + dir + "/cal.yaml --json");
+  REQUIRE_MESSAGE(again.exit_code == 0, again.out);
+  CHECK(RunCli("compare " + dir + "/sim.json " + cfg).exit_code == 2);  // not a trace
+  CHECK(RunCli("simulate " + dir + "/p.pb --set parallelism.pp=2").exit_code == 2);  // plans take hardware only
+}

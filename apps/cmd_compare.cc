@@ -1,0 +1,54 @@
+// pipeplan compare SIMULATED.json MEASURED.json [--calibrate OUT.yaml]
+#include <fmt/format.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "apps/common.h"
+#include "core/files.h"
+#include "planner/yaml_doc.h"
+#include "simulator/compare.h"
+
+namespace pipeplan {
+
+Command MakeCompareCommand() {
+  struct Options {
+    std::string simulated, measured, calibrate;
+  };
+  auto o = std::make_shared<Options>();
+  Command c;
+  c.setup = [o](CLI::App* app) {
+    app->add_option("simulated", o->simulated, "Chrome trace from simulate --trace")->required();
+    app->add_option("measured", o->measured, "Chrome trace from execute --trace")->required();
+    app->add_option("--calibrate", o->calibrate, "write fitted efficiency factors (YAML) here");
+  };
+  c.run = [o]() -> int {
+    std::map<std::string, TraceOp> ops[2];
+    std::string config;
+    for (int k = 0; k < 2; ++k) {
+      const std::string& path = k == 0 ? o->simulated : o->measured;
+      auto text = ReadFile(path);
+      if (!text.ok()) return Report(text.status());
+      auto parsed = ReadTraceOps(*text);
+      if (!parsed.ok()) return Report(InvalidInput(fmt::format("{}: {}", path, parsed.status().message())));
+      ops[k] = std::move(*parsed);
+      if (k == 0) config = nlohmann::json::parse(*text)["otherData"].value("config", "");
+    }
+    Comparison cmp = Compare(ops[0], ops[1]);
+    if (cmp.matched == 0) return Report(InvalidInput("the two traces have no op in common (not the same plan?)"));
+    fmt::print("{}", ComparisonText(cmp));
+    if (!o->calibrate.empty()) {
+      auto doc = YamlDoc::FromString(o->simulated + " (config)", config);
+      if (!doc.ok()) return Report(doc.status());
+      auto cfg = ParseConfig(std::move(*doc));
+      if (!cfg.ok()) return Report(cfg.status());
+      GpuSpec fitted = Calibrate(cfg->cluster.spec, cmp);
+      if (Status s = WriteFileAtomic(o->calibrate, CalibrationYaml(fitted, cmp)); !s.ok()) return Report(s);
+      fmt::print("calibration: {}\n", o->calibrate);
+    }
+    return 0;
+  };
+  return c;
+}
+
+}  // namespace pipeplan
