@@ -30,12 +30,14 @@ Command MakeCompareCommand() {
       auto text = ReadFile(path);
       if (!text.ok()) return Report(text.status());
       auto parsed = ReadTraceOps(*text);
-      if (!parsed.ok()) return Report(InvalidInput(fmt::format("{}: {}", path, parsed.status().message())));
+      if (!parsed.ok())
+        return Report(InvalidInput(fmt::format("{}: {}", path, parsed.status().message())));
       ops[k] = std::move(*parsed);
       if (k == 0) config = nlohmann::json::parse(*text)["otherData"].value("config", "");
     }
     Comparison cmp = Compare(ops[0], ops[1]);
-    if (cmp.matched == 0) return Report(InvalidInput("the two traces have no op in common (not the same plan?)"));
+    if (cmp.matched == 0)
+      return Report(InvalidInput("the two traces have no op in common (not the same plan?)"));
     fmt::print("{}", ComparisonText(cmp));
     if (!o->calibrate.empty()) {
       auto doc = YamlDoc::FromString(o->simulated + " (config)", config);
@@ -43,7 +45,8 @@ Command MakeCompareCommand() {
       auto cfg = ParseConfig(std::move(*doc));
       if (!cfg.ok()) return Report(cfg.status());
       GpuSpec fitted = Calibrate(cfg->cluster.spec, cmp);
-      if (Status s = WriteFileAtomic(o->calibrate, CalibrationYaml(fitted, cmp)); !s.ok()) return Report(s);
+      if (Status s = WriteFileAtomic(o->calibrate, CalibrationYaml(fitted, cmp)); !s.ok())
+        return Report(s);
       fmt::print("calibration: {}\n", o->calibrate);
     }
     return 0;

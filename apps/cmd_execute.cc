@@ -1,4 +1,5 @@
-// pipeplan execute PLAN [--backend cpu|cuda] [--local-ranks N] [--check] [--trace FILE] [--timeout S]
+// pipeplan execute PLAN [--backend cpu|cuda] [--local-ranks N] [--check] [--trace FILE] [--timeout
+// S]
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -10,13 +11,31 @@
 #include "core/table_io.h"
 #include "executor/check.h"
 
+#ifdef PIPEPLAN_HAS_CUDA
+#include "executor/cuda_backend.h"
+#endif
+
 namespace pipeplan {
 namespace {
 
+StatusOr<CheckResult> RunCuda(const Table& t, const RunOptions& o, Timeline* measured) {
+#ifdef PIPEPLAN_HAS_CUDA
+  ASSIGN_OR_RETURN(auto backends, MakeCudaBackends(t));
+  RETURN_IF_ERROR(RunLocal(t, backends, o, measured));
+  return CheckResult{};
+#else
+  (void)t, (void)o, (void)measured;
+  return Internal(
+      "--backend cuda: this pipeplan was built without CUDA (no nvcc found at build time)");
+#endif
+}
+
 // Rank and world size from Slurm or Open MPI, else from the options (-1 = not set).
 std::pair<int, int> LaunchRank(int rank, int world) {
-  for (auto [r, w] : {std::pair{"SLURM_PROCID", "SLURM_NTASKS"}, std::pair{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}})
-    if (const char* rv = std::getenv(r); rv && std::getenv(w)) return {std::atoi(rv), std::atoi(std::getenv(w))};
+  for (auto [r, w] : {std::pair{"SLURM_PROCID", "SLURM_NTASKS"},
+                      std::pair{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}})
+    if (const char* rv = std::getenv(r); rv && std::getenv(w))
+      return {std::atoi(rv), std::atoi(std::getenv(w))};
   return {rank, world};
 }
 
@@ -36,41 +55,61 @@ Command MakeExecuteCommand() {
     app->add_option("--backend", o->backend, "cpu (tiny model, double precision) or cuda")
         ->check(CLI::IsMember({"cpu", "cuda"}));
     app->add_option("--local-ranks", o->local_ranks, "run all N ranks as threads of this process");
-    app->add_option("--rank", o->rank, "this process's rank (else SLURM_PROCID / OMPI_COMM_WORLD_RANK)");
-    app->add_option("--world", o->world, "number of processes (else SLURM_NTASKS / OMPI_COMM_WORLD_SIZE)");
-    app->add_flag("--check", o->check, "compare loss and every gradient with a sequential reference");
+    app->add_option("--rank", o->rank,
+                    "this process's rank (else SLURM_PROCID / OMPI_COMM_WORLD_RANK)");
+    app->add_option("--world", o->world,
+                    "number of processes (else SLURM_NTASKS / OMPI_COMM_WORLD_SIZE)");
+    app->add_flag("--check", o->check,
+                  "compare loss and every gradient with a sequential reference");
     app->add_option("--trace", o->trace, "write the measured Chrome trace here");
     app->add_option("--timeout", o->timeout_s, "seconds one RECV or collective may wait");
   };
   c.run = [o]() -> int {
     auto t = LoadPlan(o->plan);
     if (!t.ok()) return Report(t.status());
-    if (o->backend == "cuda")
-      return Report(Internal("the CUDA backend is not built into this pipeplan (no CUDA executor yet)"));
+
     auto [rank, world] = LaunchRank(o->rank, o->world);
     if (o->local_ranks == 0 && world > 1)
-      return Report(InvalidInput(fmt::format("rank {} of {}: multi-process execution needs the MPI transport, "
-                                             "which is not built; use --local-ranks {}", rank, world, t->num_ranks())));
+      return Report(InvalidInput(
+          fmt::format("rank {} of {}: multi-process execution needs the MPI transport, "
+                      "which is not built; use --local-ranks {}",
+                      rank, world, t->num_ranks())));
     const int local = o->local_ranks > 0 ? o->local_ranks : 1;
     if (local != t->num_ranks())
-      return Report(InvalidInput(fmt::format("the plan has {} ranks but {} are run (--local-ranks)", t->num_ranks(), local)));
+      return Report(InvalidInput(fmt::format("the plan has {} ranks but {} are run (--local-ranks)",
+                                             t->num_ranks(), local)));
     RunOptions ro;
     ro.op_timeout_s = o->timeout_s;
     Timeline measured;
-    auto r = RunCpuLocal(*t, ro, o->check, &measured);
-    if (!o->trace.empty()) {  // also after a failure: what ran, for the post-mortem
+    StatusOr<CheckResult> r = CheckResult{};
+    if (o->backend == "cuda") {
+      if (o->check)
+        return Report(
+            InvalidInput("--check needs --backend cpu (the CUDA backend runs shaped GEMMs)"));
+      r = RunCuda(*t, ro, &measured);
+    } else {
+      r = RunCpuLocal(*t, ro, o->check, &measured);
+    }
+    if (!o->trace.empty() &&
+        measured.start.size() == t->size()) {  // also after a failure: what ran
       TraceOptions to;
       to.source = "measured";
-      if (Status s = WriteFileAtomic(o->trace, ChromeTrace(*t, measured, {}, to)); !s.ok()) return Report(s);
+      if (Status s = WriteFileAtomic(o->trace, ChromeTrace(*t, measured, {}, to)); !s.ok())
+        return Report(s);
     }
     if (!r.ok()) return Report(r.status());
-    fmt::print("{}: {} ranks, {} ops, measured step {:.6g} s, loss {:.12g}\n", o->plan, t->num_ranks(), t->size(),
-               measured.Makespan(), r->loss);
+    fmt::print("{}: {} ranks, {} ops on {}, measured step {:.6g} s", o->plan, t->num_ranks(),
+               t->size(), o->backend, measured.Makespan());
+    if (o->backend == "cpu") fmt::print(", loss {:.12g}", r->loss);
+    fmt::print("\n");
     if (o->check) {
       bool pass = r->loss_error < 1e-9 && r->max_grad_error < 1e-9;
-      fmt::print("check: loss {:.12g} vs reference {:.12g} (relative error {:.3g}); max gradient relative error {:.3g} "
-                 "({}): {}\n",
-                 r->loss, r->reference_loss, r->loss_error, r->max_grad_error, r->worst, pass ? "PASS" : "FAIL");
+      fmt::print(
+          "check: loss {:.12g} vs reference {:.12g} (relative error {:.3g}); max gradient relative "
+          "error {:.3g} "
+          "({}): {}\n",
+          r->loss, r->reference_loss, r->loss_error, r->max_grad_error, r->worst,
+          pass ? "PASS" : "FAIL");
       if (!pass) return 1;
     }
     if (!o->trace.empty()) fmt::print("trace: {}\n", o->trace);

@@ -29,7 +29,8 @@ Command MakeSimulateCommand() {
         ->delimiter(',');
     app->add_option("--trace-dp", o->trace_dp, "limit the trace to these DP replicas")
         ->delimiter(',');
-    app->add_option("--calibration", o->calibration, "a calibration file written by compare --calibrate");
+    app->add_option("--calibration", o->calibration,
+                    "a calibration file written by compare --calibrate");
     app->add_option("--cost", o->cost, "real (hardware cost model) or unit (F=1, B=2, comm 0)")
         ->check(CLI::IsMember({"real", "unit"}));
   };

@@ -29,7 +29,8 @@ StatusOr<Input> LoadInput(const std::string& path, const std::vector<std::string
   // A plan's structure is fixed; only the hardware it is simulated on may change.
   for (const std::string& s : sets)
     if (s.rfind("cluster.hardware.", 0) != 0)
-      return InvalidInput(fmt::format("--set {}: a plan file only takes cluster.hardware.* overrides", s));
+      return InvalidInput(
+          fmt::format("--set {}: a plan file only takes cluster.hardware.* overrides", s));
   ASSIGN_OR_RETURN(Table t, LoadPlan(path));
   ASSIGN_OR_RETURN(Config c, ConfigOfPlan(t, path, sets));
   return Input{std::move(t), std::move(c)};

@@ -24,8 +24,10 @@ int main(int argc, char** argv) {
       {"simulate", "Simulate a config or plan: step time, bubbles, memory, MFU, trace",
        MakeSimulateCommand()},
       {"sweep", "Plan and simulate a grid of config variations", MakeSweepCommand()},
-      {"execute", "Run a plan: every rank's sequence with real numerics (CPU backend)", MakeExecuteCommand()},
-      {"compare", "Line up a simulated and a measured trace; fit a calibration", MakeCompareCommand()},
+      {"execute", "Run a plan: every rank's sequence with real numerics (CPU backend)",
+       MakeExecuteCommand()},
+      {"compare", "Line up a simulated and a measured trace; fit a calibration",
+       MakeCompareCommand()},
   };
   std::vector<CLI::App*> subs;
   for (Entry& e : table) {

@@ -137,9 +137,9 @@ void BM_ExecutorOverhead(benchmark::State& state) {
   }
   state.counters["ops"] = static_cast<double>(t.size());
   // Wall time per op of one rank's sequence (ranks run in parallel threads).
-  state.counters["s_per_op"] = benchmark::Counter(static_cast<double>(t.size()) / t.num_ranks(),
-                                                   benchmark::Counter::kIsIterationInvariantRate |
-                                                       benchmark::Counter::kInvert);
+  state.counters["s_per_op"] = benchmark::Counter(
+      static_cast<double>(t.size()) / t.num_ranks(),
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_ExecutorOverhead)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 

@@ -8,13 +8,17 @@
 
 namespace pipeplan {
 
-StatusOr<CheckResult> RunCpuLocal(const Table& t, const RunOptions& o, bool check, Timeline* measured) {
+StatusOr<CheckResult> RunCpuLocal(const Table& t, const RunOptions& o, bool check,
+                                  Timeline* measured) {
   auto model = std::make_shared<const TinyModel>(t, TinyDims{});
   std::vector<std::unique_ptr<Backend>> backends;
-  for (int32_t r = 0; r < t.num_ranks(); ++r) backends.push_back(std::make_unique<CpuBackend>(t, r, model));
+  for (int32_t r = 0; r < t.num_ranks(); ++r)
+    backends.push_back(std::make_unique<CpuBackend>(t, r, model));
   RETURN_IF_ERROR(RunLocal(t, backends, o, measured));
   CheckResult res;
-  auto cpu = [&](int32_t r) -> const CpuBackend& { return static_cast<const CpuBackend&>(*backends[r]); };
+  auto cpu = [&](int32_t r) -> const CpuBackend& {
+    return static_cast<const CpuBackend&>(*backends[r]);
+  };
   for (int32_t r = 0; r < t.num_ranks(); ++r) res.loss += cpu(r).loss();
   if (!check) return res;
   Reference ref = RunReference(t, *model);
@@ -31,7 +35,8 @@ StatusOr<CheckResult> RunCpuLocal(const Table& t, const RunOptions& o, bool chec
   // Modality gradients: reduced over every rank when the plan syncs them, else summed here.
   bool synced[3] = {false, false, false};
   for (OpId i = 0; i < t.size(); ++i)
-    if (IsCollective(t.kind(i)) && t.module(i) != Module::kText) synced[static_cast<int>(t.module(i))] = true;
+    if (IsCollective(t.kind(i)) && t.module(i) != Module::kText)
+      synced[static_cast<int>(t.module(i))] = true;
   auto modality = [&](Module m) {
     ParamSet sum = model->ZeroGrads();
     for (int32_t r = 0; r < (synced[static_cast<int>(m)] ? 1 : t.num_ranks()); ++r) {
@@ -50,7 +55,8 @@ StatusOr<CheckResult> RunCpuLocal(const Table& t, const RunOptions& o, bool chec
   for (const Part& p : parts) {
     if (p.want.empty()) continue;
     double e = MaxRelativeError(p.got, p.want);
-    if (e > res.max_grad_error || res.worst.empty()) res.max_grad_error = std::max(res.max_grad_error, e), res.worst = p.name;
+    if (e > res.max_grad_error || res.worst.empty())
+      res.max_grad_error = std::max(res.max_grad_error, e), res.worst = p.name;
   }
   return res;
 }

@@ -9,13 +9,14 @@ namespace pipeplan {
 
 struct CheckResult {
   double loss = 0, reference_loss = 0;
-  double loss_error = 0;        // relative
-  double max_grad_error = 0;    // max relative error over every parameter gradient
-  std::string worst;            // which gradient
+  double loss_error = 0;      // relative
+  double max_grad_error = 0;  // max relative error over every parameter gradient
+  std::string worst;          // which gradient
 };
 
 // Runs every rank of `t` as a thread with the CPU backend; with `check`, also the
 // sequential reference, and compares loss and every gradient.
-StatusOr<CheckResult> RunCpuLocal(const Table& t, const RunOptions& o, bool check, Timeline* measured);
+StatusOr<CheckResult> RunCpuLocal(const Table& t, const RunOptions& o, bool check,
+                                  Timeline* measured);
 
 }  // namespace pipeplan

@@ -15,26 +15,37 @@ std::map<std::tuple<int, int, int>, int> VisionConsumers(const Table& t) {
   for (OpId i = 0; i < t.size(); ++i) {
     if (t.module(i) != Module::kVision) continue;
     std::tuple<int, int, int> key{t.mb(i), t.task(i), t.chunk(i)};
-    if (t.kind(i) == OpKind::kSendF) consumer[key] = t.ranks()[t.peer(i)].dp;
-    else if (t.kind(i) == OpKind::kF && !consumer.count(key)) consumer[key] = t.ranks()[t.rank(i)].dp;
+    if (t.kind(i) == OpKind::kSendF)
+      consumer[key] = t.ranks()[t.peer(i)].dp;
+    else if (t.kind(i) == OpKind::kF && !consumer.count(key))
+      consumer[key] = t.ranks()[t.rank(i)].dp;
   }
   return consumer;
 }
 
-Tensor Row0(const Tensor& x, int d) { return Tensor(x.begin(), x.begin() + d); }
+Tensor Row0(const Tensor& x, int d) {
+  return Tensor(x.begin(), x.begin() + d);
+}
 
 }  // namespace
 
 double MaxRelativeError(const Tensor& a, const Tensor& b) {
   if (a.size() != b.size()) return INFINITY;
   double diff = 0, scale = 1e-300;
-  for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(a[i] - b[i])), scale = std::max(scale, std::abs(b[i]));
+  for (size_t i = 0; i < a.size(); ++i)
+    diff = std::max(diff, std::abs(a[i] - b[i])), scale = std::max(scale, std::abs(b[i]));
   return diff / scale;
 }
 
 CpuBackend::CpuBackend(const Table& t, int32_t rank, std::shared_ptr<const TinyModel> model)
-    : t_(t), rank_(rank), stage_(t.ranks()[rank].pp), replica_(t.ranks()[rank].dp), pp_(t.meta().pp),
-      stages_(t.meta().pp * t.meta().vp), m_(std::move(model)), grads_(m_->ZeroGrads()) {
+    : t_(t),
+      rank_(rank),
+      stage_(t.ranks()[rank].pp),
+      replica_(t.ranks()[rank].dp),
+      pp_(t.meta().pp),
+      stages_(t.meta().pp * t.meta().vp),
+      m_(std::move(model)),
+      grads_(m_->ZeroGrads()) {
   for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i) {
     if (t.module(i) != Module::kVision) continue;
     TaskKey key{t.mb(i), t.task(i), t.chunk(i)};
@@ -53,10 +64,12 @@ Status CpuBackend::Compute(OpId op) {
   if (k == OpKind::kOptStep) return Status::Ok();  // gradients are what the check compares
   if (mod == Module::kText && k == OpKind::kF) return TextForward(op);
   if (mod == Module::kText && k == OpKind::kB) return TextBackward(op);
-  if (mod == Module::kVision && (k == OpKind::kF || k == OpKind::kRecompute)) return VisionForward(op, k == OpKind::kRecompute);
+  if (mod == Module::kVision && (k == OpKind::kF || k == OpKind::kRecompute))
+    return VisionForward(op, k == OpKind::kRecompute);
   if (mod == Module::kVision && k == OpKind::kB) return VisionBackward(op);
   if (mod == Module::kGenerator && k == OpKind::kF) {
-    if (!out_.count({stages_ - 1, t_.mb(op)})) return Internal("the last stage's output is missing");
+    if (!out_.count({stages_ - 1, t_.mb(op)}))
+      return Internal("the last stage's output is missing");
     return Status::Ok();
   }
   if (mod == Module::kGenerator && k == OpKind::kB) {
@@ -75,7 +88,8 @@ Status CpuBackend::TextForward(OpId op) {
     x = m_->TextInput(replica_, mb);
     auto& rows = vision_in_[mb];
     if (static_cast<int>(rows.size()) != vision_expected_[mb])
-      return Internal(fmt::format("{} of {} visual inputs arrived", rows.size(), vision_expected_[mb]));
+      return Internal(
+          fmt::format("{} of {} visual inputs arrived", rows.size(), vision_expected_[mb]));
     for (const Tensor& v : rows)
       for (int j = 0; j < m_->width(); ++j) x[j] += v[j];
   } else {
@@ -105,8 +119,10 @@ Status CpuBackend::TextBackward(OpId op) {
   m_->Backward(Module::kText, t_.work(op).layer_begin, sv->second, &dx, &grads_);
   saved_.erase(sv);
   out_.erase({g, mb});
-  if (g == 0) dx0_[mb] = Row0(dx, m_->width());
-  else if ((g - 1) % pp_ == stage_) dout_[{g - 1, mb}] = dx;  // previous chunk on this rank
+  if (g == 0)
+    dx0_[mb] = Row0(dx, m_->width());
+  else if ((g - 1) % pp_ == stage_)
+    dout_[{g - 1, mb}] = dx;  // previous chunk on this rank
   din_[{g, mb}] = std::move(dx);
   return Status::Ok();
 }
@@ -120,8 +136,10 @@ Status CpuBackend::VisionForward(OpId op, bool recompute) {
   vision_saved_[key] = std::move(saved);
   if (recompute) return Status::Ok();
   Tensor v = m_->Project(u);
-  if (vision_remote_.count(key)) vision_out_[key] = std::move(v);
-  else vision_in_[t_.mb(op)].push_back(std::move(v));
+  if (vision_remote_.count(key))
+    vision_out_[key] = std::move(v);
+  else
+    vision_in_[t_.mb(op)].push_back(std::move(v));
   return Status::Ok();
 }
 
@@ -173,8 +191,10 @@ StatusOr<Tensor> CpuBackend::Outgoing(OpId op) {
 Status CpuBackend::Incoming(OpId op, Tensor data) {
   const int g = t_.chunk(op) * pp_ + stage_, mb = t_.mb(op);
   if (t_.module(op) == Module::kVision) {
-    if (t_.kind(op) == OpKind::kRecvF) vision_in_[mb].push_back(std::move(data));
-    else vision_grad_[{mb, t_.task(op), t_.chunk(op)}] = std::move(data);
+    if (t_.kind(op) == OpKind::kRecvF)
+      vision_in_[mb].push_back(std::move(data));
+    else
+      vision_grad_[{mb, t_.task(op), t_.chunk(op)}] = std::move(data);
     return Status::Ok();
   }
   (t_.kind(op) == OpKind::kRecvF ? in_ : dout_)[{g, mb}] = std::move(data);
@@ -214,7 +234,8 @@ Reference RunReference(const Table& t, const TinyModel& m) {
   Reference ref;
   ref.grads = m.ZeroGrads();
   const int d = m.width(), dp = t.meta().dp, M = t.meta().microbatches;
-  std::map<std::pair<int, int>, std::vector<std::tuple<int, int, int>>> tasks;  // (replica, mb) -> tasks
+  std::map<std::pair<int, int>, std::vector<std::tuple<int, int, int>>>
+      tasks;  // (replica, mb) -> tasks
   for (auto& [key, replica] : VisionConsumers(t)) tasks[{replica, std::get<0>(key)}].push_back(key);
   for (int r = 0; r < dp; ++r) {
     for (int mb = 0; mb < M; ++mb) {

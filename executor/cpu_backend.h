@@ -25,8 +25,8 @@ class CpuBackend : public Backend {
   double loss() const { return loss_; }
 
  private:
-  using StageKey = std::pair<int, int>;            // (global stage, micro-batch)
-  using TaskKey = std::tuple<int, int, int>;        // (micro-batch, task, shard)
+  using StageKey = std::pair<int, int>;       // (global stage, micro-batch)
+  using TaskKey = std::tuple<int, int, int>;  // (micro-batch, task, shard)
   Status TextForward(OpId op);
   Status TextBackward(OpId op);
   Status VisionForward(OpId op, bool recompute);
@@ -40,12 +40,12 @@ class CpuBackend : public Backend {
   double loss_ = 0;
   std::map<StageKey, Tensor> in_, out_, dout_, din_;  // stage inputs/outputs and their gradients
   std::map<StageKey, std::vector<Tensor>> saved_;
-  std::map<int, std::vector<Tensor>> vision_in_;      // micro-batch -> visual rows received
-  std::map<int, int> vision_expected_;                // micro-batch -> how many
-  std::map<int, Tensor> dx0_;                          // micro-batch -> gradient of the first row
+  std::map<int, std::vector<Tensor>> vision_in_;  // micro-batch -> visual rows received
+  std::map<int, int> vision_expected_;            // micro-batch -> how many
+  std::map<int, Tensor> dx0_;                     // micro-batch -> gradient of the first row
   std::map<TaskKey, Tensor> vision_out_, vision_grad_;
   std::map<TaskKey, std::vector<Tensor>> vision_saved_;
-  std::map<TaskKey, bool> vision_remote_;             // output goes to another rank
+  std::map<TaskKey, bool> vision_remote_;  // output goes to another rank
 };
 
 struct Reference {

@@ -25,7 +25,8 @@ Status RunOp(const Table& t, OpId i, Backend& b, Transport& tr, const RunOptions
   }
   if (IsCollective(k)) {
     ASSIGN_OR_RETURN(Tensor data, b.Contribution(i));
-    RETURN_IF_ERROR(tr.AllReduce(t.peer(i), t.tag(i), t.group(t.peer(i)).size(), o.op_timeout_s, &data));
+    RETURN_IF_ERROR(
+        tr.AllReduce(t.peer(i), t.tag(i), t.group(t.peer(i)).size(), o.op_timeout_s, &data));
     return b.Reduced(i, std::move(data));
   }
   return b.Compute(i);
@@ -33,8 +34,9 @@ Status RunOp(const Table& t, OpId i, Backend& b, Transport& tr, const RunOptions
 
 }  // namespace
 
-Status RunRank(const Table& t, int32_t rank, Backend& backend, Transport& transport, const RunOptions& o,
-               std::chrono::steady_clock::time_point t0, Timeline* measured, OpId* failed) {
+Status RunRank(const Table& t, int32_t rank, Backend& backend, Transport& transport,
+               const RunOptions& o, std::chrono::steady_clock::time_point t0, Timeline* measured,
+               OpId* failed) {
   for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i) {
     measured->start[i] = Seconds(t0);
     Status s = RunOp(t, i, backend, transport, o);
@@ -47,10 +49,11 @@ Status RunRank(const Table& t, int32_t rank, Backend& backend, Transport& transp
   return Status::Ok();
 }
 
-Status RunLocal(const Table& t, std::vector<std::unique_ptr<Backend>>& backends, const RunOptions& o,
-                Timeline* measured) {
+Status RunLocal(const Table& t, std::vector<std::unique_ptr<Backend>>& backends,
+                const RunOptions& o, Timeline* measured) {
   if (static_cast<int32_t>(backends.size()) != t.num_ranks())
-    return InvalidInput(fmt::format("{} local ranks for a plan of {} ranks", backends.size(), t.num_ranks()));
+    return InvalidInput(
+        fmt::format("{} local ranks for a plan of {} ranks", backends.size(), t.num_ranks()));
   measured->start.assign(t.size(), -1.0);  // -1: the op never ran (a failed run's partial trace)
   measured->end.assign(t.size(), -1.0);
   InProcessTransport transport;

@@ -16,9 +16,9 @@ namespace pipeplan {
 class Backend {
  public:
   virtual ~Backend() = default;
-  virtual Status Compute(OpId op) = 0;                      // F, B, RECOMPUTE, OPT_STEP, gangs
-  virtual StatusOr<Tensor> Outgoing(OpId send) = 0;         // payload of a SEND
-  virtual Status Incoming(OpId recv, Tensor data) = 0;      // payload of a RECV
+  virtual Status Compute(OpId op) = 0;                         // F, B, RECOMPUTE, OPT_STEP, gangs
+  virtual StatusOr<Tensor> Outgoing(OpId send) = 0;            // payload of a SEND
+  virtual Status Incoming(OpId recv, Tensor data) = 0;         // payload of a RECV
   virtual StatusOr<Tensor> Contribution(OpId collective) = 0;  // what a rank reduces
   virtual Status Reduced(OpId collective, Tensor sum) = 0;
 };
@@ -29,13 +29,14 @@ struct RunOptions {
 
 // Runs rank r's sequence. On failure the error names the rank and the op (also stored
 // in *failed when given).
-Status RunRank(const Table& t, int32_t rank, Backend& backend, Transport& transport, const RunOptions& o,
-               std::chrono::steady_clock::time_point t0, Timeline* measured, OpId* failed = nullptr);
+Status RunRank(const Table& t, int32_t rank, Backend& backend, Transport& transport,
+               const RunOptions& o, std::chrono::steady_clock::time_point t0, Timeline* measured,
+               OpId* failed = nullptr);
 
 // Runs every rank as a thread of this process (`backends[r]` for rank r) over an
 // in-process transport. The first failure aborts the others; the error returned is the
 // root cause (of several timeouts, the wait that began first); the timeline holds what ran.
-Status RunLocal(const Table& t, std::vector<std::unique_ptr<Backend>>& backends, const RunOptions& o,
-                Timeline* measured);
+Status RunLocal(const Table& t, std::vector<std::unique_ptr<Backend>>& backends,
+                const RunOptions& o, Timeline* measured);
 
 }  // namespace pipeplan

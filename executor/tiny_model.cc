@@ -8,8 +8,8 @@ namespace {
 
 // Deterministic value in [-1, 1) from a few integers (SplitMix64 of a mixed key).
 double Noise(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
-  uint64_t z = seed * 0x9e3779b97f4a7c15ULL ^ (a + 1) * 0xbf58476d1ce4e5b9ULL ^ (b + 7) * 0x94d049bb133111ebULL ^
-               (c + 13) * 0xd6e8feb86659fd93ULL;
+  uint64_t z = seed * 0x9e3779b97f4a7c15ULL ^ (a + 1) * 0xbf58476d1ce4e5b9ULL ^
+               (b + 7) * 0x94d049bb133111ebULL ^ (c + 13) * 0xd6e8feb86659fd93ULL;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   z ^= z >> 31;
@@ -83,7 +83,8 @@ void TinyModel::Forward(Module m, int begin, int end, Tensor* x, std::vector<Ten
   }
 }
 
-void TinyModel::Backward(Module m, int begin, const std::vector<Tensor>& saved, Tensor* dx, ParamSet* g) const {
+void TinyModel::Backward(Module m, int begin, const std::vector<Tensor>& saved, Tensor* dx,
+                         ParamSet* g) const {
   const Tensor& all = W(m, 0);
   Tensor& grads = g->of(m);
   const size_t rows = dx->size() / d_, dd = static_cast<size_t>(d_) * d_;

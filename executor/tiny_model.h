@@ -14,8 +14,8 @@
 namespace pipeplan {
 
 struct TinyDims {
-  int width = 8;      // d
-  int tokens = 4;     // rows of a text micro-batch
+  int width = 8;   // d
+  int tokens = 4;  // rows of a text micro-batch
   uint64_t seed = 1;
 };
 
@@ -23,7 +23,9 @@ struct TinyDims {
 // (projector)][d][d], generator [d][d].
 struct ParamSet {
   Tensor text, vision, generator;
-  Tensor& of(Module m) { return m == Module::kVision ? vision : m == Module::kGenerator ? generator : text; }
+  Tensor& of(Module m) {
+    return m == Module::kVision ? vision : m == Module::kGenerator ? generator : text;
+  }
 };
 
 class TinyModel {
@@ -46,7 +48,8 @@ class TinyModel {
   // Layers [begin, end) of `m` on rows x (n x d); `saved` gets each layer's input.
   void Forward(Module m, int begin, int end, Tensor* x, std::vector<Tensor>* saved) const;
   // dx: gradient w.r.t. the output in, w.r.t. the input out; weight grads added to g.
-  void Backward(Module m, int begin, const std::vector<Tensor>& saved, Tensor* dx, ParamSet* g) const;
+  void Backward(Module m, int begin, const std::vector<Tensor>& saved, Tensor* dx,
+                ParamSet* g) const;
   // Vision projector: v = P u (one row).
   Tensor Project(const Tensor& u) const;
   Tensor ProjectBack(const Tensor& u, const Tensor& dv, ParamSet* g) const;

@@ -9,7 +9,8 @@ namespace {
 
 std::chrono::steady_clock::time_point Deadline(double timeout_s) {
   return std::chrono::steady_clock::now() +
-         std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+             std::chrono::duration<double>(timeout_s));
 }
 
 }  // namespace
@@ -17,7 +18,8 @@ std::chrono::steady_clock::time_point Deadline(double timeout_s) {
 Status InProcessTransport::Send(uint32_t tag, Tensor data) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!aborted_.empty()) return Internal(aborted_);
-  if (!mailbox_.emplace(tag, std::move(data)).second) return Internal(fmt::format("tag {} sent twice", tag));
+  if (!mailbox_.emplace(tag, std::move(data)).second)
+    return Internal(fmt::format("tag {} sent twice", tag));
   cv_.notify_all();
   return Status::Ok();
 }
@@ -34,16 +36,19 @@ Status InProcessTransport::Recv(uint32_t tag, double timeout_s, Tensor* out) {
   return Status::Ok();
 }
 
-Status InProcessTransport::AllReduce(int32_t group, uint32_t tag, size_t members, double timeout_s, Tensor* data) {
+Status InProcessTransport::AllReduce(int32_t group, uint32_t tag, size_t members, double timeout_s,
+                                     Tensor* data) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!aborted_.empty()) return Internal(aborted_);
   Reduction& r = reductions_[{group, tag}];
   if (r.arrived == 0) r.sum.assign(data->size(), 0.0), r.left = members;
-  if (r.sum.size() != data->size()) return Internal(fmt::format("collective @g{} tag {}: sizes differ", group, tag));
+  if (r.sum.size() != data->size())
+    return Internal(fmt::format("collective @g{} tag {}: sizes differ", group, tag));
   for (size_t i = 0; i < data->size(); ++i) r.sum[i] += (*data)[i];
   if (++r.arrived == members) r.done = true, cv_.notify_all();
   if (!cv_.wait_until(lock, Deadline(timeout_s), [&] { return !aborted_.empty() || r.done; }))
-    return Internal(fmt::format("timed out after {} s: {} of {} group members arrived", timeout_s, r.arrived, members));
+    return Internal(fmt::format("timed out after {} s: {} of {} group members arrived", timeout_s,
+                                r.arrived, members));
   if (!aborted_.empty()) return Internal(aborted_);
   *data = r.sum;
   if (--r.left == 0) reductions_.erase({group, tag});

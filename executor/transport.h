@@ -22,7 +22,8 @@ class Transport {
   virtual Status Send(uint32_t tag, Tensor data) = 0;
   virtual Status Recv(uint32_t tag, double timeout_s, Tensor* out) = 0;
   // Element-wise sum over the `members` of `group`; every member passes the same length.
-  virtual Status AllReduce(int32_t group, uint32_t tag, size_t members, double timeout_s, Tensor* data) = 0;
+  virtual Status AllReduce(int32_t group, uint32_t tag, size_t members, double timeout_s,
+                           Tensor* data) = 0;
   virtual void Abort(const std::string& why) = 0;
 };
 
@@ -31,7 +32,8 @@ class InProcessTransport : public Transport {
  public:
   Status Send(uint32_t tag, Tensor data) override;
   Status Recv(uint32_t tag, double timeout_s, Tensor* out) override;
-  Status AllReduce(int32_t group, uint32_t tag, size_t members, double timeout_s, Tensor* data) override;
+  Status AllReduce(int32_t group, uint32_t tag, size_t members, double timeout_s,
+                   Tensor* data) override;
   void Abort(const std::string& why) override;
 
  private:

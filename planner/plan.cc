@@ -120,8 +120,10 @@ SimOptions SimOptionsFor(const Config& c, bool unit_costs) {
   return o;
 }
 
-StatusOr<Config> ConfigOfPlan(const Table& plan, const std::string& plan_path, const std::vector<std::string>& sets) {
-  ASSIGN_OR_RETURN(YamlDoc doc, YamlDoc::FromString(plan_path + " (embedded config)", plan.meta().config_yaml));
+StatusOr<Config> ConfigOfPlan(const Table& plan, const std::string& plan_path,
+                              const std::vector<std::string>& sets) {
+  ASSIGN_OR_RETURN(YamlDoc doc,
+                   YamlDoc::FromString(plan_path + " (embedded config)", plan.meta().config_yaml));
   for (const std::string& s : sets) RETURN_IF_ERROR(doc.ApplySet(s));
   return ParseConfig(std::move(doc));
 }

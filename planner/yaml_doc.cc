@@ -101,10 +101,12 @@ Status YamlDoc::ApplySet(const std::string& assignment) {
 
 std::vector<std::string> YamlDoc::LeafAssignments() const {
   std::vector<std::string> out;
-  std::function<void(const YAML::Node&, const std::string&)> walk = [&](const YAML::Node& n, const std::string& path) {
+  std::function<void(const YAML::Node&, const std::string&)> walk = [&](const YAML::Node& n,
+                                                                        const std::string& path) {
     if (n.IsMap()) {
       for (auto it = n.begin(); it != n.end(); ++it)
-        walk(it->second, path.empty() ? it->first.as<std::string>() : path + "." + it->first.as<std::string>());
+        walk(it->second,
+             path.empty() ? it->first.as<std::string>() : path + "." + it->first.as<std::string>());
     } else if (n.IsScalar()) {
       out.push_back(path + "=" + n.Scalar());
     }

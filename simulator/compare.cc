@@ -9,13 +9,16 @@
 namespace pipeplan {
 namespace {
 
-bool IsP2PKind(const std::string& k) { return k.rfind("SEND", 0) == 0 || k.rfind("RECV", 0) == 0; }
+bool IsP2PKind(const std::string& k) {
+  return k.rfind("SEND", 0) == 0 || k.rfind("RECV", 0) == 0;
+}
 bool IsCollectiveKind(const std::string& k) {
   return k == "ALL_REDUCE" || k == "REDUCE_SCATTER" || k == "ALL_GATHER" || k == "ALL_TO_ALL";
 }
 
 void Add(ErrorStats* s, double p, double m) {
-  s->mean_abs_rel_error = (s->mean_abs_rel_error * s->ops + (p > 0 ? std::abs(m - p) / p : 0)) / (s->ops + 1);
+  s->mean_abs_rel_error =
+      (s->mean_abs_rel_error * s->ops + (p > 0 ? std::abs(m - p) / p : 0)) / (s->ops + 1);
   ++s->ops;
   s->predicted_s += p, s->measured_s += m;
 }
@@ -30,7 +33,8 @@ StatusOr<std::map<std::string, TraceOp>> ReadTraceOps(const std::string& text) {
       if (e.value("ph", "") != "X") continue;
       TraceOp op;
       op.start_us = e.at("ts").get<double>(), op.dur_us = e.at("dur").get<double>();
-      if (auto a = e.find("args"); a != e.end()) op.module = a->value("module", ""), op.kind = a->value("kind", "");
+      if (auto a = e.find("args"); a != e.end())
+        op.module = a->value("module", ""), op.kind = a->value("kind", "");
       ops[e.at("name").get<std::string>()] = op;
     }
   } catch (const nlohmann::json::exception& e) {
@@ -39,10 +43,13 @@ StatusOr<std::map<std::string, TraceOp>> ReadTraceOps(const std::string& text) {
   return ops;
 }
 
-Comparison Compare(const std::map<std::string, TraceOp>& sim, const std::map<std::string, TraceOp>& meas, size_t worst) {
+Comparison Compare(const std::map<std::string, TraceOp>& sim,
+                   const std::map<std::string, TraceOp>& meas, size_t worst) {
   Comparison c;
-  for (auto& [name, s] : sim) c.predicted_step_s = std::max(c.predicted_step_s, (s.start_us + s.dur_us) * 1e-6);
-  for (auto& [name, m] : meas) c.measured_step_s = std::max(c.measured_step_s, (m.start_us + m.dur_us) * 1e-6);
+  for (auto& [name, s] : sim)
+    c.predicted_step_s = std::max(c.predicted_step_s, (s.start_us + s.dur_us) * 1e-6);
+  for (auto& [name, m] : meas)
+    c.measured_step_s = std::max(c.measured_step_s, (m.start_us + m.dur_us) * 1e-6);
   for (auto& [name, s] : sim) {
     auto it = meas.find(name);
     if (it == meas.end()) {
@@ -63,17 +70,18 @@ Comparison Compare(const std::map<std::string, TraceOp>& sim, const std::map<std
 }
 
 std::string ComparisonText(const Comparison& c) {
-  std::string s = fmt::format("step time        predicted {:.6g} s, measured {:.6g} s ({:+.1f} %)\n", c.predicted_step_s,
-                              c.measured_step_s, 100 * (c.measured_step_s / std::max(c.predicted_step_s, 1e-300) - 1));
-  s += fmt::format("ops              {} matched, {} only simulated, {} only measured\n\n", c.matched, c.only_simulated,
-                   c.only_measured);
+  std::string s = fmt::format(
+      "step time        predicted {:.6g} s, measured {:.6g} s ({:+.1f} %)\n", c.predicted_step_s,
+      c.measured_step_s, 100 * (c.measured_step_s / std::max(c.predicted_step_s, 1e-300) - 1));
+  s += fmt::format("ops              {} matched, {} only simulated, {} only measured\n\n",
+                   c.matched, c.only_simulated, c.only_measured);
   auto table = [&](const char* title, const std::map<std::string, ErrorStats>& m) {
-    s += fmt::format("{:<16} {:>8} {:>14} {:>14} {:>10} {:>12}\n", title, "ops", "predicted s", "measured s", "ratio",
-                     "mean |err|%");
+    s += fmt::format("{:<16} {:>8} {:>14} {:>14} {:>10} {:>12}\n", title, "ops", "predicted s",
+                     "measured s", "ratio", "mean |err|%");
     for (auto& [k, e] : m)
-      s += fmt::format("{:<16} {:>8} {:>14.6g} {:>14.6g} {:>10.3g} {:>12.1f}\n", k.empty() ? "-" : k, e.ops,
-                       e.predicted_s, e.measured_s, e.measured_s / std::max(e.predicted_s, 1e-300),
-                       100 * e.mean_abs_rel_error);
+      s += fmt::format("{:<16} {:>8} {:>14.6g} {:>14.6g} {:>10.3g} {:>12.1f}\n",
+                       k.empty() ? "-" : k, e.ops, e.predicted_s, e.measured_s,
+                       e.measured_s / std::max(e.predicted_s, 1e-300), 100 * e.mean_abs_rel_error);
     s += "\n";
   };
   table("module", c.by_module);
@@ -87,8 +95,10 @@ GpuSpec Calibrate(const GpuSpec& spec, const Comparison& c) {
   GpuSpec out = spec;
   double cp = 0, cm = 0, lp = 0, lm = 0;  // compute and link (p2p + collective) totals
   for (auto& [kind, e] : c.by_kind) {
-    if (IsP2PKind(kind) || IsCollectiveKind(kind)) lp += e.predicted_s, lm += e.measured_s;
-    else cp += e.predicted_s, cm += e.measured_s;
+    if (IsP2PKind(kind) || IsCollectiveKind(kind))
+      lp += e.predicted_s, lm += e.measured_s;
+    else
+      cp += e.predicted_s, cm += e.measured_s;
   }
   // Time scales as 1 / efficiency: the factor that makes predicted totals match.
   if (cp > 0 && cm > 0) {
@@ -102,11 +112,12 @@ GpuSpec Calibrate(const GpuSpec& spec, const Comparison& c) {
 std::string CalibrationYaml(const GpuSpec& g, const Comparison& c) {
   return fmt::format(
       "# pipeplan calibration of {}: efficiency factors fitted so that predicted totals match a\n"
-      "# measured run (step {:.6g} s measured, {:.6g} s predicted). Load with simulate --calibration.\n"
+      "# measured run (step {:.6g} s measured, {:.6g} s predicted). Load with simulate "
+      "--calibration.\n"
       "cluster:\n  hardware:\n    compute_efficiency: {:.6g}\n    attention_efficiency: {:.6g}\n"
       "    hbm_efficiency: {:.6g}\n    nvlink_efficiency: {:.6g}\n    nic_efficiency: {:.6g}\n",
-      g.name, c.measured_step_s, c.predicted_step_s, g.compute_efficiency, g.attention_efficiency, g.hbm_efficiency,
-      g.nvlink_efficiency, g.nic_efficiency);
+      g.name, c.measured_step_s, c.predicted_step_s, g.compute_efficiency, g.attention_efficiency,
+      g.hbm_efficiency, g.nvlink_efficiency, g.nic_efficiency);
 }
 
 }  // namespace pipeplan

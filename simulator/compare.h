@@ -29,10 +29,11 @@ struct Comparison {
   size_t matched = 0, only_simulated = 0, only_measured = 0;
   double predicted_step_s = 0, measured_step_s = 0;
   std::map<std::string, ErrorStats> by_module, by_kind;
-  std::vector<std::pair<std::string, double>> worst;  // op, measured - predicted (s), largest |.| first
+  std::vector<std::pair<std::string, double>>
+      worst;  // op, measured - predicted (s), largest |.| first
 };
-Comparison Compare(const std::map<std::string, TraceOp>& simulated, const std::map<std::string, TraceOp>& measured,
-                   size_t worst = 10);
+Comparison Compare(const std::map<std::string, TraceOp>& simulated,
+                   const std::map<std::string, TraceOp>& measured, size_t worst = 10);
 std::string ComparisonText(const Comparison& c);
 
 // Scales the efficiency factors so that each class of op (compute; communication) has

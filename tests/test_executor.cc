@@ -28,7 +28,8 @@ data:
   images:
     - {height: 224, width: 224, weight: 0.6}
     - {height: 2048, width: 2048, weight: 0.4}
-schedule: {pipeline: 1f1b, modality: )" + policy + "}\n";
+schedule: {pipeline: 1f1b, modality: )" +
+                     policy + "}\n";
   return ParseYaml(yaml, std::move(sets));
 }
 
@@ -65,12 +66,14 @@ TEST_CASE("gradient equivalence: every modality policy, with a generator and wit
   for (std::string policy : {"inline", "decoupled", "nested", "bubble-fill"}) {
     CAPTURE(policy);
     ExpectEquivalent(Plan(Multimodal(policy)));
-    ExpectEquivalent(Plan(Multimodal(policy, {"schedule.pipeline=interleaved-1f1b", "parallelism.vp=2"})));
+    ExpectEquivalent(
+        Plan(Multimodal(policy, {"schedule.pipeline=interleaved-1f1b", "parallelism.vp=2"})));
   }
   ExpectEquivalent(Plan(Multimodal("decoupled", {"schedule.decoupled_recompute=true"})));
   for (std::string policy : {"inline", "nested"})
-    ExpectEquivalent(Plan(Multimodal(policy, {"model.generator={layers: 2, hidden: 512, mlp: 2048, heads: 8}",
-                                              "data.generate={height: 256, width: 256}"})));
+    ExpectEquivalent(
+        Plan(Multimodal(policy, {"model.generator={layers: 2, hidden: 512, mlp: 2048, heads: 8}",
+                                 "data.generate={height: 256, width: 256}"})));
 }
 
 TEST_CASE("a plan with a receive moved after its consumer fails loudly, not silently") {
@@ -87,7 +90,8 @@ TEST_CASE("a plan with a receive moved after its consumer fails loudly, not sile
   Timeline tl;
   auto r = RunCpuLocal(*broken, RunOptions{}, true, &tl);
   REQUIRE(!r.ok());
-  CHECK(r.status().message() == "rank 1: r1 F c0 m0: its input from the previous stage has not arrived");
+  CHECK(r.status().message() ==
+        "rank 1: r1 F c0 m0: its input from the previous stage has not arrived");
 }
 
 TEST_CASE("a peer that never sends: the receiver times out, names itself, and every rank stops") {
@@ -118,7 +122,8 @@ TEST_CASE("execute CLI: --check passes, the measured trace is a Chrome trace of 
   std::string dir = TempDir();
   std::string cfg = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/default.yaml";
   REQUIRE(RunCli("plan " + cfg + " -o " + dir + "/p.pb").exit_code == 0);
-  RunResult r = RunCli("execute " + dir + "/p.pb --local-ranks 8 --check --trace " + dir + "/m.json");
+  RunResult r =
+      RunCli("execute " + dir + "/p.pb --local-ranks 8 --check --trace " + dir + "/m.json");
   CHECK_MESSAGE(r.exit_code == 0, r.out);
   CHECK(r.out.find("PASS") != std::string::npos);
   auto trace = nlohmann::json::parse(Slurp(dir + "/m.json"));
@@ -129,7 +134,8 @@ TEST_CASE("execute CLI: --check passes, the measured trace is a Chrome trace of 
   REQUIRE(t.ok());
   CHECK(slices == t->size());
   CHECK(RunCli("execute " + dir + "/p.pb --local-ranks 3").exit_code == 2);
-  RunResult cuda = RunCli("execute " + dir + "/p.pb --local-ranks 8 --backend cuda");
+  RunResult cuda =
+      RunCli("execute " + dir + "/p.pb --local-ranks 8 --backend cuda --trace " + dir + "/c.json");
   CHECK(cuda.exit_code != 0);
   CHECK(cuda.out.find("CUDA") != std::string::npos);
 }
@@ -139,10 +145,14 @@ TEST_CASE("compare lines up a simulated and a measured trace; its calibration lo
   std::string cfg = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/small_text.yaml";
   REQUIRE(RunCli("plan " + cfg + " -o " + dir + "/p.pb").exit_code == 0);
   REQUIRE(RunCli("simulate " + dir + "/p.pb --trace " + dir + "/sim.json").exit_code == 0);
-  REQUIRE(RunCli("execute " + dir + "/p.pb --local-ranks 4 --trace " + dir + "/meas.json").exit_code == 0);
-  RunResult r = RunCli("compare " + dir + "/sim.json " + dir + "/meas.json --calibrate " + dir + "/cal.yaml");
+  REQUIRE(
+      RunCli("execute " + dir + "/p.pb --local-ranks 4 --trace " + dir + "/meas.json").exit_code ==
+      0);
+  RunResult r =
+      RunCli("compare " + dir + "/sim.json " + dir + "/meas.json --calibrate " + dir + "/cal.yaml");
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
-  CHECK(r.out.find("ops              356 matched, 0 only simulated, 0 only measured") != std::string::npos);
+  CHECK(r.out.find("ops              356 matched, 0 only simulated, 0 only measured") !=
+        std::string::npos);
   CHECK(r.out.find("worst ops (measured - predicted):") != std::string::npos);
   std::string cal = Slurp(dir + "/cal.yaml");
   CHECK(cal.find("compute_efficiency:") != std::string::npos);
@@ -150,5 +160,6 @@ TEST_CASE("compare lines up a simulated and a measured trace; its calibration lo
   RunResult again = RunCli("simulate " + dir + "/p.pb --calibration " + dir + "/cal.yaml --json");
   REQUIRE_MESSAGE(again.exit_code == 0, again.out);
   CHECK(RunCli("compare " + dir + "/sim.json " + cfg).exit_code == 2);  // not a trace
-  CHECK(RunCli("simulate " + dir + "/p.pb --set parallelism.pp=2").exit_code == 2);  // plans take hardware only
+  CHECK(RunCli("simulate " + dir + "/p.pb --set parallelism.pp=2").exit_code ==
+        2);  // plans take hardware only
 }

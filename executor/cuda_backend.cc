@@ -1,0 +1,82 @@
+#include "executor/cuda_backend.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "executor/cuda_device.h"
+
+namespace pipeplan {
+namespace {
+
+Status Check(const std::string& e) {
+  return e.empty() ? Status::Ok() : Internal(e);
+}
+
+// Square GEMM side whose 2 n^3 FLOPs match one layer's share of the op on one GPU.
+size_t GemmDim(const Work& w, int gpus) {
+  const int layers = std::max(1, w.layer_end - w.layer_begin);
+  const double per_layer = w.flops / std::max(gpus, 1) / layers;
+  if (per_layer <= 0) return 0;
+  return std::max<size_t>(64, static_cast<size_t>(std::cbrt(per_layer / 2) / 64 + 0.5) * 64);
+}
+
+class CudaBackend : public Backend {
+ public:
+  CudaBackend(const Table& t, int32_t rank, std::shared_ptr<cudadev::Pool> pool)
+      : t_(t), rank_(rank), pool_(pool) {}
+  Status Compute(OpId op) override {
+    const Work& w = t_.work(op);
+    return Check(pool_->Gemm(rank_, GemmDim(w, t_.ranks()[rank_].gpus),
+                             std::max(1, w.layer_end - w.layer_begin)));
+  }
+  // The payload stays on the device: a SEND passes its rank, the RECV copies from it.
+  StatusOr<Tensor> Outgoing(OpId) override { return Tensor{static_cast<double>(rank_)}; }
+  Status Incoming(OpId op, Tensor from) override {
+    if (from.size() != 1) return Internal("a SEND from another backend");
+    return Check(pool_->Copy(rank_, static_cast<int>(from[0]),
+                             static_cast<size_t>(t_.work(op).payload_bytes)));
+  }
+  StatusOr<Tensor> Contribution(OpId) override { return Tensor{0.0}; }
+  Status Reduced(OpId op, Tensor) override {
+    return Check(pool_->Touch(rank_, static_cast<size_t>(t_.work(op).payload_bytes)));
+  }
+
+ private:
+  const Table& t_;
+  int32_t rank_;
+  std::shared_ptr<cudadev::Pool> pool_;
+};
+
+}  // namespace
+
+StatusOr<int> CudaDeviceCount() {
+  int n = 0;
+  RETURN_IF_ERROR(Check(cudadev::DeviceCount(&n)));
+  return n;
+}
+
+StatusOr<std::string> CudaDeviceName() {
+  std::string name;
+  RETURN_IF_ERROR(Check(cudadev::DeviceName(&name)));
+  return name;
+}
+
+StatusOr<std::vector<std::unique_ptr<Backend>>> MakeCudaBackends(const Table& t) {
+  size_t dim = 0, payload = 0;
+  for (OpId i = 0; i < t.size(); ++i) {
+    dim = std::max(dim, GemmDim(t.work(i), t.ranks()[t.rank(i)].gpus));
+    payload = std::max(payload, static_cast<size_t>(t.work(i).payload_bytes));
+  }
+  std::unique_ptr<cudadev::Pool> pool;
+  RETURN_IF_ERROR(Check(cudadev::Pool::Create(t.num_ranks(), dim,
+                                              std::min<size_t>(payload, size_t{1} << 30), &pool)));
+  std::shared_ptr<cudadev::Pool> shared = std::move(pool);
+  std::vector<std::unique_ptr<Backend>> out;
+  for (int32_t r = 0; r < t.num_ranks(); ++r)
+    out.push_back(std::make_unique<CudaBackend>(t, r, shared));
+  return out;
+}
+
+}  // namespace pipeplan

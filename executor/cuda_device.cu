@@ -1,0 +1,121 @@
+#include "executor/cuda_device.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace pipeplan::cudadev {
+namespace {
+
+std::string Err(cudaError_t e, const char* what) {
+  return e == cudaSuccess ? std::string() : std::string(what) + ": " + cudaGetErrorString(e);
+}
+std::string Err(cublasStatus_t e, const char* what) {
+  return e == CUBLAS_STATUS_SUCCESS ? std::string() : std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(e));
+}
+
+}  // namespace
+
+struct Pool::Impl {
+  size_t dim = 0;
+  void* a = nullptr;
+  void* b = nullptr;
+  std::vector<void*> c, payload;
+  std::vector<cudaStream_t> streams;
+  std::vector<cublasHandle_t> handles;
+  ~Impl() {
+    for (auto h : handles) cublasDestroy(h);
+    for (auto s : streams) cudaStreamDestroy(s);
+    for (void* p : c) cudaFree(p);
+    for (void* p : payload) cudaFree(p);
+    cudaFree(a), cudaFree(b);
+  }
+};
+
+std::string DeviceCount(int* n) {
+  *n = 0;
+  cudaError_t e = cudaGetDeviceCount(n);
+  if (e != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(e);
+  if (*n == 0) return "no CUDA device";
+  return "";
+}
+
+std::string DeviceName(std::string* name) {
+  int n = 0;
+  if (std::string e = DeviceCount(&n); !e.empty()) return e;
+  cudaDeviceProp p;
+  if (std::string e = Err(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties"); !e.empty()) return e;
+  *name = p.name;
+  return "";
+}
+
+std::string Pool::Create(int ranks, size_t gemm_dim, size_t payload_bytes, std::unique_ptr<Pool>* out) {
+  int n = 0;
+  if (std::string e = DeviceCount(&n); !e.empty()) return e;
+  auto pool = std::unique_ptr<Pool>(new Pool());
+  pool->impl_ = std::make_unique<Impl>();
+  Impl& m = *pool->impl_;
+  m.dim = std::max<size_t>(gemm_dim, 64);
+  pool->payload_bytes_ = std::max<size_t>(payload_bytes, 1);
+  const size_t bytes = m.dim * m.dim * sizeof(__nv_bfloat16);
+  std::string e;
+  if (!(e = Err(cudaMalloc(&m.a, bytes), "cudaMalloc")).empty()) return e;
+  if (!(e = Err(cudaMalloc(&m.b, bytes), "cudaMalloc")).empty()) return e;
+  if (!(e = Err(cudaMemset(m.a, 0, bytes), "cudaMemset")).empty()) return e;
+  if (!(e = Err(cudaMemset(m.b, 0, bytes), "cudaMemset")).empty()) return e;
+  for (int r = 0; r < ranks; ++r) {
+    void *c = nullptr, *p = nullptr;
+    cudaStream_t s;
+    cublasHandle_t h;
+    if (!(e = Err(cudaMalloc(&c, bytes), "cudaMalloc")).empty()) return e;
+    m.c.push_back(c);
+    if (!(e = Err(cudaMalloc(&p, pool->payload_bytes_), "cudaMalloc")).empty()) return e;
+    m.payload.push_back(p);
+    if (!(e = Err(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate")).empty()) return e;
+    m.streams.push_back(s);
+    if (!(e = Err(cublasCreate(&h), "cublasCreate")).empty()) return e;
+    m.handles.push_back(h);
+    if (!(e = Err(cublasSetStream(h, s), "cublasSetStream")).empty()) return e;
+  }
+  *out = std::move(pool);
+  return "";
+}
+
+Pool::~Pool() = default;
+
+std::string Pool::Gemm(int rank, size_t n, int count) {
+  Impl& m = *impl_;
+  n = std::min(n, m.dim);
+  const float alpha = 1, beta = 0;
+  for (int i = 0; i < count && n > 0; ++i)
+    if (std::string e = Err(cublasGemmEx(m.handles[rank], CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, m.a, CUDA_R_16BF, n,
+                                         m.b, CUDA_R_16BF, n, &beta, m.c[rank], CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT),
+                            "cublasGemmEx");
+        !e.empty())
+      return e;
+  return Err(cudaStreamSynchronize(m.streams[rank]), "compute");
+}
+
+std::string Pool::Copy(int dst, int src, size_t bytes) {
+  Impl& m = *impl_;
+  bytes = std::min(bytes, payload_bytes_);
+  if (std::string e = Err(cudaMemcpyAsync(m.payload[dst], m.payload[src], bytes, cudaMemcpyDeviceToDevice, m.streams[dst]),
+                          "cudaMemcpyAsync");
+      !e.empty())
+    return e;
+  return Err(cudaStreamSynchronize(m.streams[dst]), "p2p");
+}
+
+std::string Pool::Touch(int rank, size_t bytes) {
+  Impl& m = *impl_;
+  bytes = std::min(bytes, payload_bytes_);
+  if (std::string e = Err(cudaMemsetAsync(m.payload[rank], 0, bytes, m.streams[rank]), "cudaMemsetAsync"); !e.empty())
+    return e;
+  return Err(cudaStreamSynchronize(m.streams[rank]), "collective");
+}
+
+}  // namespace pipeplan::cudadev

@@ -1,0 +1,35 @@
+// Thin wrapper over the CUDA runtime and cuBLAS (compiled by nvcc; plain C++17 header so
+// that nothing of the rest of pipeplan passes through nvcc). Errors are returned as text
+// ("" = success); nothing here exits or prints.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace pipeplan::cudadev {
+
+std::string DeviceCount(int* n);  // fails with CUDA's message where there is no GPU
+std::string DeviceName(std::string* name);
+
+// Device memory and one stream + cuBLAS handle per rank, on device 0.
+class Pool {
+ public:
+  static std::string Create(int ranks, size_t gemm_dim, size_t payload_bytes,
+                            std::unique_ptr<Pool>* out);
+  ~Pool();
+  // `count` bf16 GEMMs of n x n x n (fp32 accumulate) on the rank's stream, then sync.
+  std::string Gemm(int rank, size_t n, int count);
+  // Copies `bytes` of src's payload buffer into dst's on dst's stream, then sync.
+  std::string Copy(int dst, int src, size_t bytes);
+  // Touches `bytes` of the rank's payload buffer (a collective's local traffic), then sync.
+  std::string Touch(int rank, size_t bytes);
+  size_t payload_bytes() const { return payload_bytes_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  size_t payload_bytes_ = 0;
+};
+
+}  // namespace pipeplan::cudadev
