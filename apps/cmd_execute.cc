@@ -14,6 +14,9 @@
 #ifdef PIPEPLAN_HAS_CUDA
 #include "executor/cuda_backend.h"
 #endif
+#ifdef PIPEPLAN_HAS_MPI
+#include "executor/mpi_run.h"
+#endif
 
 namespace pipeplan {
 namespace {
@@ -39,16 +42,60 @@ std::pair<int, int> LaunchRank(int rank, int world) {
   return {rank, world};
 }
 
+struct ExecOptions {
+  std::string plan, backend = "cpu", trace;
+  int local_ranks = 0, rank = -1, world = -1;
+  bool check = false;
+  double timeout_s = 60;
+};
+
+// One process per rank (srun / mpirun): MPI transport; rank 0 writes the merged trace and
+// the check. Every rank exits non-zero when one fails.
+int RunMultiProcess(const ExecOptions& o, const Table& t, int rank, int world) {
+#ifdef PIPEPLAN_HAS_MPI
+  (void)rank, (void)world;  // taken from MPI itself
+  if (o.backend != "cpu")
+    return Report(InvalidInput("multi-process runs use --backend cpu (no NCCL backend yet)"));
+  MpiAvailable();
+  RunOptions ro;
+  ro.op_timeout_s = o.timeout_s;
+  auto r = RunCpuMpi(t, ro, o.check);
+  if (!r.ok()) {
+    Report(r.status());
+    MpiAbort(r.status().code() == ErrorCode::kInvalidInput ? 2 : 1);
+  }
+  int code = 0;
+  if (r->rank == 0) {
+    if (!o.trace.empty()) {
+      TraceOptions to;
+      to.source = "measured";
+      if (Status s = WriteFileAtomic(o.trace, ChromeTrace(t, r->merged, {}, to)); !s.ok())
+        code = Report(s);
+    }
+    fmt::print("{}: {} processes, {} ops, measured step {:.6g} s, loss {:.12g}\n", o.plan, r->world,
+               t.size(), r->merged.Makespan(), r->check.loss);
+    if (o.check) {
+      bool pass = r->check.loss_error < 1e-9 && r->check.max_grad_error < 1e-9;
+      fmt::print("check: loss relative error {:.3g}; max gradient relative error {:.3g}: {}\n",
+                 r->check.loss_error, r->check.max_grad_error, pass ? "PASS" : "FAIL");
+      if (!pass) code = 1;
+    }
+  }
+  MpiFinalize();
+  return code;
+#else
+  (void)o, (void)t;
+  return Report(InvalidInput(
+      fmt::format("rank {} of {}: multi-process execution needs MPI, which this pipeplan was "
+                  "built without; use --local-ranks",
+                  rank, world)));
+#endif
+}
+
 }  // namespace
 
 Command MakeExecuteCommand() {
-  struct Options {
-    std::string plan, backend = "cpu", trace;
-    int local_ranks = 0, rank = -1, world = -1;
-    bool check = false;
-    double timeout_s = 60;
-  };
-  auto o = std::make_shared<Options>();
+  auto o = std::make_shared<ExecOptions>();
   Command c;
   c.setup = [o](CLI::App* app) {
     app->add_option("plan", o->plan, "plan file (.pb or .json)")->required();
@@ -69,11 +116,7 @@ Command MakeExecuteCommand() {
     if (!t.ok()) return Report(t.status());
 
     auto [rank, world] = LaunchRank(o->rank, o->world);
-    if (o->local_ranks == 0 && world > 1)
-      return Report(InvalidInput(
-          fmt::format("rank {} of {}: multi-process execution needs the MPI transport, "
-                      "which is not built; use --local-ranks {}",
-                      rank, world, t->num_ranks())));
+    if (o->local_ranks == 0 && world > 1) return RunMultiProcess(*o, *t, rank, world);
     const int local = o->local_ranks > 0 ? o->local_ranks : 1;
     if (local != t->num_ranks())
       return Report(InvalidInput(fmt::format("the plan has {} ranks but {} are run (--local-ranks)",

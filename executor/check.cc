@@ -8,28 +8,19 @@
 
 namespace pipeplan {
 
-StatusOr<CheckResult> RunCpuLocal(const Table& t, const RunOptions& o, bool check,
-                                  Timeline* measured) {
-  auto model = std::make_shared<const TinyModel>(t, TinyDims{});
-  std::vector<std::unique_ptr<Backend>> backends;
-  for (int32_t r = 0; r < t.num_ranks(); ++r)
-    backends.push_back(std::make_unique<CpuBackend>(t, r, model));
-  RETURN_IF_ERROR(RunLocal(t, backends, o, measured));
+CheckResult CompareWithReference(const Table& t, const TinyModel& model,
+                                 const std::vector<ParamSet>& grads, double loss) {
   CheckResult res;
-  auto cpu = [&](int32_t r) -> const CpuBackend& {
-    return static_cast<const CpuBackend&>(*backends[r]);
-  };
-  for (int32_t r = 0; r < t.num_ranks(); ++r) res.loss += cpu(r).loss();
-  if (!check) return res;
-  Reference ref = RunReference(t, *model);
+  res.loss = loss;
+  Reference ref = RunReference(t, model);
   res.reference_loss = ref.loss;
   res.loss_error = std::abs(res.loss - ref.loss) / std::max(std::abs(ref.loss), 1e-300);
   // Text gradients: each layer from the replica-0 rank that holds it (reduced over DP).
-  const int pp = t.meta().pp, stages = pp * t.meta().vp, per_chunk = model->text_layers() / stages;
-  const size_t dd = static_cast<size_t>(model->width()) * model->width();
+  const int pp = t.meta().pp, stages = pp * t.meta().vp, per_chunk = model.text_layers() / stages;
+  const size_t dd = static_cast<size_t>(model.width()) * model.width();
   Tensor text(ref.grads.text.size());
-  for (int layer = 0; layer < model->text_layers(); ++layer) {
-    const Tensor& g = cpu((layer / per_chunk) % pp).grads().text;
+  for (int layer = 0; layer < model.text_layers(); ++layer) {
+    const Tensor& g = grads[(layer / per_chunk) % pp].text;
     std::copy(g.begin() + dd * layer, g.begin() + dd * (layer + 1), text.begin() + dd * layer);
   }
   // Modality gradients: reduced over every rank when the plan syncs them, else summed here.
@@ -38,9 +29,9 @@ StatusOr<CheckResult> RunCpuLocal(const Table& t, const RunOptions& o, bool chec
     if (IsCollective(t.kind(i)) && t.module(i) != Module::kText)
       synced[static_cast<int>(t.module(i))] = true;
   auto modality = [&](Module m) {
-    ParamSet sum = model->ZeroGrads();
-    for (int32_t r = 0; r < (synced[static_cast<int>(m)] ? 1 : t.num_ranks()); ++r) {
-      ParamSet g = cpu(r).grads();
+    ParamSet sum = model.ZeroGrads();
+    for (size_t r = 0; r < (synced[static_cast<int>(m)] ? 1 : grads.size()); ++r) {
+      ParamSet g = grads[r];
       for (size_t k = 0; k < sum.of(m).size(); ++k) sum.of(m)[k] += g.of(m)[k];
     }
     return sum.of(m);
@@ -59,6 +50,28 @@ StatusOr<CheckResult> RunCpuLocal(const Table& t, const RunOptions& o, bool chec
       res.max_grad_error = std::max(res.max_grad_error, e), res.worst = p.name;
   }
   return res;
+}
+
+StatusOr<CheckResult> RunCpuLocal(const Table& t, const RunOptions& o, bool check,
+                                  Timeline* measured) {
+  auto model = std::make_shared<const TinyModel>(t, TinyDims{});
+  std::vector<std::unique_ptr<Backend>> backends;
+  for (int32_t r = 0; r < t.num_ranks(); ++r)
+    backends.push_back(std::make_unique<CpuBackend>(t, r, model));
+  RETURN_IF_ERROR(RunLocal(t, backends, o, measured));
+  std::vector<ParamSet> grads;
+  double loss = 0;
+  for (auto& b : backends) {
+    const auto& cpu = static_cast<const CpuBackend&>(*b);
+    grads.push_back(cpu.grads());
+    loss += cpu.loss();
+  }
+  if (!check) {
+    CheckResult res;
+    res.loss = loss;
+    return res;
+  }
+  return CompareWithReference(t, *model, grads, loss);
 }
 
 }  // namespace pipeplan

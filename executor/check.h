@@ -4,6 +4,7 @@
 #include "core/table.h"
 #include "core/timeline.h"
 #include "executor/runner.h"
+#include "executor/tiny_model.h"
 
 namespace pipeplan {
 
@@ -13,6 +14,11 @@ struct CheckResult {
   double max_grad_error = 0;  // max relative error over every parameter gradient
   std::string worst;          // which gradient
 };
+
+// Loss and gradients of a run (grads[r]: rank r's, after its collectives) against the
+// sequential reference.
+CheckResult CompareWithReference(const Table& t, const TinyModel& model,
+                                 const std::vector<ParamSet>& grads, double loss);
 
 // Runs every rank of `t` as a thread with the CPU backend; with `check`, also the
 // sequential reference, and compares loss and every gradient.

@@ -16,11 +16,11 @@ Status RunOp(const Table& t, OpId i, Backend& b, Transport& tr, const RunOptions
   const OpKind k = t.kind(i);
   if (IsSend(k)) {
     ASSIGN_OR_RETURN(Tensor data, b.Outgoing(i));
-    return tr.Send(t.tag(i), std::move(data));
+    return tr.Send(t.peer(i), t.tag(i), std::move(data));
   }
   if (IsRecv(k)) {
     Tensor data;
-    RETURN_IF_ERROR(tr.Recv(t.tag(i), o.op_timeout_s, &data));
+    RETURN_IF_ERROR(tr.Recv(t.peer(i), t.tag(i), o.op_timeout_s, &data));
     return b.Incoming(i, std::move(data));
   }
   if (IsCollective(k)) {

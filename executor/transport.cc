@@ -15,7 +15,7 @@ std::chrono::steady_clock::time_point Deadline(double timeout_s) {
 
 }  // namespace
 
-Status InProcessTransport::Send(uint32_t tag, Tensor data) {
+Status InProcessTransport::Send(int32_t, uint32_t tag, Tensor data) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!aborted_.empty()) return Internal(aborted_);
   if (!mailbox_.emplace(tag, std::move(data)).second)
@@ -24,7 +24,7 @@ Status InProcessTransport::Send(uint32_t tag, Tensor data) {
   return Status::Ok();
 }
 
-Status InProcessTransport::Recv(uint32_t tag, double timeout_s, Tensor* out) {
+Status InProcessTransport::Recv(int32_t, uint32_t tag, double timeout_s, Tensor* out) {
   std::unique_lock<std::mutex> lock(mu_);
   auto ready = [&] { return !aborted_.empty() || mailbox_.count(tag); };
   if (!cv_.wait_until(lock, Deadline(timeout_s), ready))

@@ -19,8 +19,9 @@ using Tensor = std::vector<double>;
 class Transport {
  public:
   virtual ~Transport() = default;
-  virtual Status Send(uint32_t tag, Tensor data) = 0;
-  virtual Status Recv(uint32_t tag, double timeout_s, Tensor* out) = 0;
+  // `peer`: the other rank; tags are unique per pair in a plan.
+  virtual Status Send(int32_t peer, uint32_t tag, Tensor data) = 0;
+  virtual Status Recv(int32_t peer, uint32_t tag, double timeout_s, Tensor* out) = 0;
   // Element-wise sum over the `members` of `group`; every member passes the same length.
   virtual Status AllReduce(int32_t group, uint32_t tag, size_t members, double timeout_s,
                            Tensor* data) = 0;
@@ -30,8 +31,8 @@ class Transport {
 // All ranks as threads of one process.
 class InProcessTransport : public Transport {
  public:
-  Status Send(uint32_t tag, Tensor data) override;
-  Status Recv(uint32_t tag, double timeout_s, Tensor* out) override;
+  Status Send(int32_t peer, uint32_t tag, Tensor data) override;
+  Status Recv(int32_t peer, uint32_t tag, double timeout_s, Tensor* out) override;
   Status AllReduce(int32_t group, uint32_t tag, size_t members, double timeout_s,
                    Tensor* data) override;
   void Abort(const std::string& why) override;

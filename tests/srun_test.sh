@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# ctest: start a single-node Slurm, run a 4-rank multimodal plan with
+# `srun -n 4 pipeplan execute ... --check`, check the result and the merged trace, stop the
+# daemons. Exits 77 (ctest: skipped) with the reason when Slurm or MPI is not usable here.
+set -u
+bin=$1 src=$2
+dir=$(mktemp -d)
+trap '"$src/scripts/slurm_local.sh" stop "$dir/slurm"; rm -rf "$dir"' EXIT
+if ! env=$("$src/scripts/slurm_local.sh" start "$dir/slurm" 2>&1); then
+  echo "SKIP: Slurm cannot start on this machine: $env"
+  exit 77
+fi
+eval "$env"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+"$bin" plan "$src/configs/default.yaml" --set parallelism.pp=4 --set cluster.gpus_per_node=4 -o "$dir/p.pb" || exit 1
+out=$(timeout 180 srun --mpi=pmix -n 4 -O "$bin" execute "$dir/p.pb" --check --trace "$dir/measured.json" 2>&1)
+echo "$out"
+if grep -q "built without" <<<"$out"; then echo "SKIP: pipeplan was built without MPI"; exit 77; fi
+grep -q "4 processes" <<<"$out" || { echo "FAIL: not 4 processes"; exit 1; }
+grep -q "PASS" <<<"$out" || { echo "FAIL: gradient check"; exit 1; }
+# The merged trace holds every op of every rank (srun can exit 0 when a task failed).
+"$bin" simulate "$dir/p.pb" --trace "$dir/simulated.json" >/dev/null || exit 1
+cmp=$("$bin" compare "$dir/simulated.json" "$dir/measured.json") || exit 1
+ops=$("$bin" plan "$src/configs/default.yaml" --set parallelism.pp=4 --set cluster.gpus_per_node=4 | sed -n 's/^ops: //p')
+grep -q "$ops matched, 0 only simulated, 0 only measured" <<<"$cmp" || { echo "FAIL: merged trace: $cmp"; exit 1; }
+echo "srun: 4 processes, gradient check PASS, merged trace of $ops ops"
