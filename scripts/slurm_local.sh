@@ -8,7 +8,15 @@ cmd=${1:?usage: slurm_local.sh start|stop DIR}
 dir=$(mkdir -p "${2:?usage: slurm_local.sh start|stop DIR}" && cd "$2" && pwd)
 conf="$dir/slurm.conf"
 if [ "$cmd" = stop ]; then
-  for pid in "$dir"/*.pid; do [ -f "$pid" ] && kill "$(cat "$pid")" 2>/dev/null || true; done
+  pids=$(cat "$dir"/*.pid 2>/dev/null | sort -u | tr '\n' ' ')
+  [ -n "$pids" ] || exit 0
+  kill $pids 2>/dev/null || true
+  for _ in $(seq 1 30); do
+    alive=$(for p in $pids; do kill -0 "$p" 2>/dev/null && echo "$p"; done)
+    [ -z "$alive" ] && exit 0
+    sleep 0.1
+  done
+  kill -9 $alive 2>/dev/null || true
   exit 0
 fi
 for bin in munged slurmctld slurmd srun sinfo; do
@@ -42,17 +50,19 @@ NodeName=$host CPUs=$(nproc) State=UNKNOWN
 PartitionName=local Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 CONF
 export SLURM_CONF="$conf"
-# munge: reuse a running munged, else start one as user munge with the package's key.
-if ! pgrep -x munged >/dev/null; then
+# munge: reuse a working munged, else start one as user munge with the package's key.
+if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
   [ -f /etc/munge/munge.key ] || { echo "slurm_local: /etc/munge/munge.key is missing" >&2; exit 1; }
   mkdir -p /run/munge && chown munge:munge /run/munge 2>/dev/null || true
   runuser -u munge -- /usr/sbin/munged 2>"$dir/log/munged.err" || { echo "slurm_local: munged failed: $(cat "$dir/log/munged.err")" >&2; exit 1; }
+  pgrep -x munged >"$dir/munged.pid" || true  # started here: stopped here too
+  for _ in $(seq 1 20); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
 fi
 (setsid /usr/sbin/slurmctld -D -f "$conf" >"$dir/log/slurmctld.out" 2>&1 & echo $! >"$dir/ctld.pid")
 sleep 1
 (setsid /usr/sbin/slurmd -D -f "$conf" >"$dir/log/slurmd.out" 2>&1 & echo $! >"$dir/d.pid")
 for _ in $(seq 1 50); do
-  if sinfo -h -o %T 2>/dev/null | grep -q idle; then echo "export SLURM_CONF=$conf"; exit 0; fi
+  if timeout 2 sinfo -h -o %T 2>/dev/null | grep -q idle; then echo "export SLURM_CONF=$conf"; exit 0; fi
   sleep 0.2
 done
 echo "slurm_local: the node did not become idle: $(tail -3 "$dir/log/slurmctld.log" "$dir/log/slurmd.log" 2>/dev/null | tr '\n' ' ')" >&2
