@@ -1,11 +1,11 @@
-#include "executor/cuda_device.h"
-
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <vector>
+
+#include "executor/cuda_device.h"
 
 namespace pipeplan::cudadev {
 namespace {
@@ -14,7 +14,9 @@ std::string Err(cudaError_t e, const char* what) {
   return e == cudaSuccess ? std::string() : std::string(what) + ": " + cudaGetErrorString(e);
 }
 std::string Err(cublasStatus_t e, const char* what) {
-  return e == CUBLAS_STATUS_SUCCESS ? std::string() : std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(e));
+  return e == CUBLAS_STATUS_SUCCESS
+             ? std::string()
+             : std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(e));
 }
 
 }  // namespace
@@ -47,12 +49,14 @@ std::string DeviceName(std::string* name) {
   int n = 0;
   if (std::string e = DeviceCount(&n); !e.empty()) return e;
   cudaDeviceProp p;
-  if (std::string e = Err(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties"); !e.empty()) return e;
+  if (std::string e = Err(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties"); !e.empty())
+    return e;
   *name = p.name;
   return "";
 }
 
-std::string Pool::Create(int ranks, size_t gemm_dim, size_t payload_bytes, std::unique_ptr<Pool>* out) {
+std::string Pool::Create(int ranks, size_t gemm_dim, size_t payload_bytes,
+                         std::unique_ptr<Pool>* out) {
   int n = 0;
   if (std::string e = DeviceCount(&n); !e.empty()) return e;
   auto pool = std::unique_ptr<Pool>(new Pool());
@@ -74,7 +78,9 @@ std::string Pool::Create(int ranks, size_t gemm_dim, size_t payload_bytes, std::
     m.c.push_back(c);
     if (!(e = Err(cudaMalloc(&p, pool->payload_bytes_), "cudaMalloc")).empty()) return e;
     m.payload.push_back(p);
-    if (!(e = Err(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate")).empty()) return e;
+    if (!(e = Err(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"))
+             .empty())
+      return e;
     m.streams.push_back(s);
     if (!(e = Err(cublasCreate(&h), "cublasCreate")).empty()) return e;
     m.handles.push_back(h);
@@ -91,9 +97,9 @@ std::string Pool::Gemm(int rank, size_t n, int count) {
   n = std::min(n, m.dim);
   const float alpha = 1, beta = 0;
   for (int i = 0; i < count && n > 0; ++i)
-    if (std::string e = Err(cublasGemmEx(m.handles[rank], CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, m.a, CUDA_R_16BF, n,
-                                         m.b, CUDA_R_16BF, n, &beta, m.c[rank], CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                                         CUBLAS_GEMM_DEFAULT),
+    if (std::string e = Err(cublasGemmEx(m.handles[rank], CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha,
+                                         m.a, CUDA_R_16BF, n, m.b, CUDA_R_16BF, n, &beta, m.c[rank],
+                                         CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                             "cublasGemmEx");
         !e.empty())
       return e;
@@ -103,7 +109,8 @@ std::string Pool::Gemm(int rank, size_t n, int count) {
 std::string Pool::Copy(int dst, int src, size_t bytes) {
   Impl& m = *impl_;
   bytes = std::min(bytes, payload_bytes_);
-  if (std::string e = Err(cudaMemcpyAsync(m.payload[dst], m.payload[src], bytes, cudaMemcpyDeviceToDevice, m.streams[dst]),
+  if (std::string e = Err(cudaMemcpyAsync(m.payload[dst], m.payload[src], bytes,
+                                          cudaMemcpyDeviceToDevice, m.streams[dst]),
                           "cudaMemcpyAsync");
       !e.empty())
     return e;
@@ -113,7 +120,9 @@ std::string Pool::Copy(int dst, int src, size_t bytes) {
 std::string Pool::Touch(int rank, size_t bytes) {
   Impl& m = *impl_;
   bytes = std::min(bytes, payload_bytes_);
-  if (std::string e = Err(cudaMemsetAsync(m.payload[rank], 0, bytes, m.streams[rank]), "cudaMemsetAsync"); !e.empty())
+  if (std::string e =
+          Err(cudaMemsetAsync(m.payload[rank], 0, bytes, m.streams[rank]), "cudaMemsetAsync");
+      !e.empty())
     return e;
   return Err(cudaStreamSynchronize(m.streams[rank]), "collective");
 }
