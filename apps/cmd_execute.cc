@@ -53,15 +53,24 @@ struct ExecOptions {
 // the check. Every rank exits non-zero when one fails.
 int RunMultiProcess(const ExecOptions& o, const Table& t, int rank, int world) {
 #ifdef PIPEPLAN_HAS_MPI
-  (void)rank, (void)world;  // taken from MPI itself
+  (void)world;  // taken from MPI itself
   if (o.backend != "cpu")
     return Report(InvalidInput("multi-process runs use --backend cpu (no NCCL backend yet)"));
   MpiAvailable();
   RunOptions ro;
   ro.op_timeout_s = o.timeout_s;
-  auto r = RunCpuMpi(t, ro, o.check);
+  Timeline own;
+  auto r = RunCpuMpi(t, ro, o.check, &own);
   if (!r.ok()) {
     Report(r.status());
+    if (!o.trace.empty() && own.start.size() == t.size()) {  // this rank's partial trace
+      TraceOptions to;
+      to.source = "measured (partial)";
+      int me = rank;
+      for (OpId i = 0; i < t.size(); ++i)
+        if (own.start[i] >= 0) me = t.rank(i);
+      (void)WriteFileAtomic(fmt::format("{}.rank{}.json", o.trace, me), ChromeTrace(t, own, {}, to));
+    }
     MpiAbort(r.status().code() == ErrorCode::kInvalidInput ? 2 : 1);
   }
   int code = 0;

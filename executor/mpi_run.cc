@@ -141,7 +141,7 @@ void MpiAbort(int code) {
   std::exit(code);
 }
 
-StatusOr<MpiResult> RunCpuMpi(const Table& t, const RunOptions& o, bool check) {
+StatusOr<MpiResult> RunCpuMpi(const Table& t, const RunOptions& o, bool check, Timeline* own) {
   MpiResult res;
   MPI_Comm_rank(MPI_COMM_WORLD, &res.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &res.world);
@@ -150,7 +150,7 @@ StatusOr<MpiResult> RunCpuMpi(const Table& t, const RunOptions& o, bool check) {
         fmt::format("{} processes for a plan of {} ranks", res.world, t.num_ranks()));
   auto model = std::make_shared<const TinyModel>(t, TinyDims{});
   CpuBackend backend(t, res.rank, model);
-  Timeline tl;
+  Timeline& tl = *own;
   tl.start.assign(t.size(), -1.0), tl.end.assign(t.size(), -1.0);
   Status status;
   {

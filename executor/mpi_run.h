@@ -19,8 +19,9 @@ struct MpiResult {
   Timeline merged;  // on rank 0: every rank's ops
 };
 // Runs this process's rank; on a failure the error names the rank and op, and the caller
-// should exit non-zero (every rank does: a failed rank aborts the job).
-StatusOr<MpiResult> RunCpuMpi(const Table& t, const RunOptions& o, bool check);
+// should exit non-zero (every rank does: a failed rank aborts the job). `own` gets this
+// rank's ops as they ran, also after a failure (a partial trace).
+StatusOr<MpiResult> RunCpuMpi(const Table& t, const RunOptions& o, bool check, Timeline* own);
 void MpiFinalize();
 [[noreturn]] void MpiAbort(int code);
 
