@@ -47,10 +47,10 @@ struct ModalityWorkIds {
 std::vector<VisionPlacement> PlaceVisionInline(const PipelineShape& s, const ModalityWork& w);
 std::vector<VisionPlacement> PlaceVisionDecoupled(const PipelineShape& s, const ModalityWork& w,
                                                   bool recompute);
-// The text-load-aware balancing of nested and bubble-fill happens in BuildModalityWork
-// (VisionPool::rank_base); these decide when each task runs.
-// Nested and bubble-fill use the predicted text timeline: `text` is the text-only table
-// (ids rank-major), `tl` its simulated timeline.
+// Which rank runs a task is decided by dynamic CP in BuildModalityWork (VisionTask::rank);
+// nested and bubble-fill decide when, on the predicted timeline of one replica without
+// the encoder: `text` is that table (ids rank-major), `tl` its simulated timeline.
+// Bubble-fill also moves whole-image tasks into warm-up and cool-down bubbles.
 std::vector<VisionPlacement> PlaceVisionNested(const PipelineShape& s, const ModalityWork& w,
                                                const Table& text, const Timeline& tl);
 std::vector<VisionPlacement> PlaceVisionBubbleFill(const PipelineShape& s, const ModalityWork& w,
