@@ -2,6 +2,7 @@
 // S]
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 
@@ -10,6 +11,7 @@
 #include "core/files.h"
 #include "core/table_io.h"
 #include "executor/check.h"
+#include "planner/validate.h"
 
 #ifdef PIPEPLAN_HAS_CUDA
 #include "executor/cuda_backend.h"
@@ -47,6 +49,7 @@ struct ExecOptions {
   int local_ranks = 0, rank = -1, world = -1;
   bool check = false;
   double timeout_s = 60;
+  int fault_rank = -1;
 };
 
 // One process per rank (srun / mpirun): MPI transport; rank 0 writes the merged trace and
@@ -59,6 +62,7 @@ int RunMultiProcess(const ExecOptions& o, const Table& t, int rank, int world) {
   MpiAvailable();
   RunOptions ro;
   ro.op_timeout_s = o.timeout_s;
+  ro.fault_rank = o.fault_rank;
   Timeline own;
   auto r = RunCpuMpi(t, ro, o.check, &own);
   if (!r.ok()) {
@@ -69,7 +73,8 @@ int RunMultiProcess(const ExecOptions& o, const Table& t, int rank, int world) {
       int me = rank;
       for (OpId i = 0; i < t.size(); ++i)
         if (own.start[i] >= 0) me = t.rank(i);
-      (void)WriteFileAtomic(fmt::format("{}.rank{}.json", o.trace, me), ChromeTrace(t, own, {}, to));
+      (void)WriteFileAtomic(fmt::format("{}.rank{}.json", o.trace, me),
+                            ChromeTrace(t, own, {}, to));
     }
     MpiAbort(r.status().code() == ErrorCode::kInvalidInput ? 2 : 1);
   }
@@ -119,10 +124,18 @@ Command MakeExecuteCommand() {
                   "compare loss and every gradient with a sequential reference");
     app->add_option("--trace", o->trace, "write the measured Chrome trace here");
     app->add_option("--timeout", o->timeout_s, "seconds one RECV or collective may wait");
+    app->add_option("--fault", o->fault_rank,
+                    "testing fault handling: this rank fails at its first SEND");
   };
   c.run = [o]() -> int {
     auto t = LoadPlan(o->plan);
     if (!t.ok()) return Report(t.status());
+    if (!std::isfinite(o->timeout_s) || o->timeout_s <= 0 || o->timeout_s > 1e6)
+      return Report(
+          InvalidInput(fmt::format("--timeout {}: expected seconds in (0, 1e6]", o->timeout_s)));
+    // The executor trusts the table's structure: run only what the validator accepts.
+    if (Status v = ValidatePlan(*t); !v.ok())
+      return Report(Status(v.code(), fmt::format("{}: {}", o->plan, v.message())));
 
     auto [rank, world] = LaunchRank(o->rank, o->world);
     if (o->local_ranks == 0 && world > 1) return RunMultiProcess(*o, *t, rank, world);
@@ -132,6 +145,7 @@ Command MakeExecuteCommand() {
                                              t->num_ranks(), local)));
     RunOptions ro;
     ro.op_timeout_s = o->timeout_s;
+    ro.fault_rank = o->fault_rank;
     Timeline measured;
     StatusOr<CheckResult> r = CheckResult{};
     if (o->backend == "cuda") {

@@ -96,8 +96,8 @@ std::string ChromeTrace(const Table& t, const Timeline& tl,
         R"({{"ph":"X","name":"{}","cat":"{}","pid":{},"tid":{},"ts":{:.6f},"dur":{:.6f},"args":{{{}}}}})",
         t.str(i), ModuleName(t.module(i)), t.rank(i), tid_of[i], tl.start[i] * 1e6,
         (tl.end[i] - tl.start[i]) * 1e6, args));
-    if (IsRecv(t.kind(i)) && !t.deps(i).empty()) {
-      OpId s = t.deps(i)[0];
+    if (IsRecv(t.kind(i)) && t.send_of(i) != UINT32_MAX) {
+      OpId s = t.send_of(i);
       if (!include[t.rank(s)] || tl.start[s] < 0) continue;
       emit(fmt::format(
           R"({{"ph":"s","name":"p2p","cat":"p2p","id":{},"pid":{},"tid":{},"ts":{:.6f}}})",

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 
 namespace pipeplan {
@@ -106,28 +107,54 @@ Status TableColumns::CheckConsistent() const {
   for (size_t len : {t.rank_.size(), t.module_.size(), t.chunk_.size(), t.mb_.size(),
                      t.task_.size(), t.peer_.size(), t.tag_.size(), t.work_.size()})
     if (len != n) return InvalidInput("plan columns have different lengths");
+  const PlanMeta& m = t.meta_;
+  for (int32_t v : {m.pp, m.vp, m.dp, m.tp, m.cp, m.ep, m.microbatches, m.gpus_per_node})
+    if (v < 1) return InvalidInput("plan metadata: parallel sizes and micro-batches must be >= 1");
+  if (static_cast<int64_t>(m.dp) * m.pp != static_cast<int64_t>(t.ranks_.size()))
+    return InvalidInput(
+        fmt::format("plan has {} ranks but dp x pp = {} x {}", t.ranks_.size(), m.dp, m.pp));
+  if (static_cast<int64_t>(m.dp) * m.pp * m.vp * m.microbatches > (int64_t{1} << 31))
+    return InvalidInput("plan metadata: too many micro-batches");
+  for (size_t r = 0; r < t.ranks_.size(); ++r) {
+    const RankInfo& ri = t.ranks_[r];
+    if (ri.dp != static_cast<int32_t>(r) / m.pp || ri.pp != static_cast<int32_t>(r) % m.pp ||
+        ri.gpus < 1)
+      return InvalidInput(fmt::format("rank {} has inconsistent coordinates or no GPU", r));
+  }
   if (t.dep_begin_.size() != n + 1 || t.dep_begin_.front() != 0 ||
       t.dep_begin_.back() != t.deps_.size())
     return InvalidInput("plan dependency index is inconsistent");
-  if (t.rank_begin_.size() != t.ranks_.size() + 1 || t.rank_begin_.front() != 0 ||
-      t.rank_begin_.back() != n)
-    return InvalidInput("plan rank index is inconsistent");
-  if (t.group_begin_.empty() || t.group_begin_.front() != 0 ||
-      t.group_begin_.back() != t.group_ranks_.size())
-    return InvalidInput("plan group index is inconsistent");
   for (size_t i = 0; i + 1 < t.dep_begin_.size(); ++i)
     if (t.dep_begin_[i] > t.dep_begin_[i + 1])
       return InvalidInput("plan dependency index decreases");
-  for (size_t r = 0; r + 1 < t.rank_begin_.size(); ++r) {
+  if (t.rank_begin_.size() != t.ranks_.size() + 1 || t.rank_begin_.front() != 0 ||
+      t.rank_begin_.back() != n)
+    return InvalidInput("plan rank index is inconsistent");
+  for (size_t r = 0; r + 1 < t.rank_begin_.size(); ++r)
     if (t.rank_begin_[r] > t.rank_begin_[r + 1]) return InvalidInput("plan rank index decreases");
+  if (t.group_begin_.empty() || t.group_begin_.front() != 0 ||
+      t.group_begin_.back() != t.group_ranks_.size())
+    return InvalidInput("plan group index is inconsistent");
+  for (size_t g = 0; g + 1 < t.group_begin_.size(); ++g)
+    if (t.group_begin_[g] > t.group_begin_[g + 1])
+      return InvalidInput("plan group index decreases");
+  for (size_t r = 0; r + 1 < t.rank_begin_.size(); ++r)
     for (OpId i = t.rank_begin_[r]; i < t.rank_begin_[r + 1]; ++i)
       if (t.rank_[i] != static_cast<int32_t>(r))
         return InvalidInput(fmt::format("op {} is stored in rank {}'s sequence", i, r));
-  }
   for (uint32_t d : t.deps_)
     if (d >= n) return InvalidInput(fmt::format("dependency on op {} which does not exist", d));
   for (uint32_t w : t.work_)
     if (w >= t.works_.size()) return InvalidInput("op refers to a missing work entry");
+  for (const Work& w : t.works_) {
+    for (double v : {w.flops, w.attn_flops, w.model_flops, w.hbm_bytes, w.payload_bytes, w.tp_bytes,
+                     w.ep_bytes})
+      if (!std::isfinite(v) || v < 0)
+        return InvalidInput("a work entry has a negative or non-finite amount");
+    if (!std::isfinite(w.mem_delta_bytes) || w.tp_calls < 0 || w.ep_calls < 0 || w.kernels < 0 ||
+        w.layer_begin < -1 || w.layer_end < w.layer_begin || w.layer_end > (1 << 20))
+      return InvalidInput("a work entry has an invalid memory effect, call count or layer range");
+  }
   for (int32_t r : t.group_ranks_)
     if (r < 0 || r >= t.num_ranks()) return InvalidInput("group refers to a missing rank");
   for (size_t i = 0; i < n; ++i) {

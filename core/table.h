@@ -94,6 +94,12 @@ class Table {
   std::span<const OpId> deps(OpId i) const {
     return {deps_.data() + dep_begin_[i], deps_.data() + dep_begin_[i + 1]};
   }
+  // The SEND a RECV depends on (UINT32_MAX if none).
+  OpId send_of(OpId recv) const {
+    for (OpId d : deps(recv))
+      if (IsSend(kind_[d])) return d;
+    return UINT32_MAX;
+  }
   OpKey key(OpId i) const;
   std::string str(OpId i) const { return FormatOp(key(i)); }
 

@@ -25,9 +25,25 @@ void ReadColumn(const Src& src, Dst* dst) {
 }
 
 template <typename Src, typename T>
-void ReadEnumColumn(const Src& src, std::vector<T>* dst) {
+bool ReadEnumColumn(const Src& src, int count, std::vector<T>* dst) {
   dst->resize(src.size());
-  for (int i = 0; i < src.size(); ++i) (*dst)[i] = static_cast<T>(src[i]);
+  for (int i = 0; i < src.size(); ++i) {
+    if (src[i] < 0 || src[i] >= count) return false;
+    (*dst)[i] = static_cast<T>(src[i]);
+  }
+  return true;
+}
+
+// Prefix sums of counts into an index, refusing to overflow 32 bits.
+template <typename Src>
+bool Prefix(const Src& counts, std::vector<uint32_t>* index) {
+  uint64_t sum = index->back();
+  for (uint32_t c : counts) {
+    sum += c;
+    if (sum > UINT32_MAX) return false;
+    index->push_back(static_cast<uint32_t>(sum));
+  }
+  return true;
 }
 
 json WorkToJson(const Work& w) {
@@ -170,19 +186,20 @@ StatusOr<Table> ParsePb(const std::string& bytes) {
     for (int i = 0; i < std::min(3, pr.params_size()); ++i) r.params[i] = pr.params(i);
     c.ranks().push_back(r);
   }
-  for (uint32_t n : p.rank_op_count()) c.rank_begin().push_back(c.rank_begin().back() + n);
+  if (!Prefix(p.rank_op_count(), &c.rank_begin())) return InvalidInput("plan rank index overflows");
   for (const auto& pw : p.works()) {
     c.works().push_back(Work{pw.flops(), pw.attn_flops(), pw.model_flops(), pw.hbm_bytes(),
                              pw.payload_bytes(), pw.mem_delta_bytes(), pw.tp_bytes(), pw.ep_bytes(),
                              pw.tp_calls(), pw.ep_calls(), pw.kernels(), pw.layer_begin(),
                              pw.layer_end()});
   }
-  for (uint32_t n : p.group_size()) c.group_begin().push_back(c.group_begin().back() + n);
+  if (!Prefix(p.group_size(), &c.group_begin())) return InvalidInput("plan group index overflows");
   ReadColumn(p.group_ranks(), &c.group_ranks());
   const auto& o = p.ops();
   ReadColumn(o.rank(), &c.rank());
-  ReadEnumColumn(o.kind(), &c.kind());
-  ReadEnumColumn(o.module(), &c.module());
+  if (!ReadEnumColumn(o.kind(), kNumOpKinds, &c.kind()) ||
+      !ReadEnumColumn(o.module(), kNumModules, &c.module()))
+    return InvalidInput("plan has an unknown op kind or module");
   ReadColumn(o.chunk(), &c.chunk());
   ReadColumn(o.mb(), &c.mb());
   ReadColumn(o.task(), &c.task());
@@ -190,7 +207,8 @@ StatusOr<Table> ParsePb(const std::string& bytes) {
   ReadColumn(o.tag(), &c.tag());
   ReadColumn(o.work(), &c.work());
   c.dep_begin().reserve(o.dep_count_size() + 1);
-  for (uint32_t n : o.dep_count()) c.dep_begin().push_back(c.dep_begin().back() + n);
+  if (!Prefix(o.dep_count(), &c.dep_begin()))
+    return InvalidInput("plan dependency index overflows");
   ReadColumn(o.deps(), &c.deps());
   RETURN_IF_ERROR(c.CheckConsistent());
   return t;

@@ -99,6 +99,8 @@ Status CpuBackend::TextForward(OpId op) {
     in_.erase(it);
   }
   const Work& w = t_.work(op);
+  if (w.layer_begin < 0 || w.layer_end > m_->text_layers())
+    return Internal("its layer range is outside the model");
   auto& saved = saved_[{g, mb}];
   m_->Forward(Module::kText, w.layer_begin, w.layer_end, &x, &saved);
   if (g == stages_ - 1 && !m_->has_generator())

@@ -39,7 +39,8 @@ Status RunRank(const Table& t, int32_t rank, Backend& backend, Transport& transp
                OpId* failed) {
   for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i) {
     measured->start[i] = Seconds(t0);
-    Status s = RunOp(t, i, backend, transport, o);
+    Status s = rank == o.fault_rank && IsSend(t.kind(i)) ? Internal("injected fault (--fault)")
+                                                         : RunOp(t, i, backend, transport, o);
     measured->end[i] = Seconds(t0);
     if (!s.ok()) {
       if (failed) *failed = i;

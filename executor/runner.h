@@ -25,6 +25,7 @@ class Backend {
 
 struct RunOptions {
   double op_timeout_s = 60;  // longest wait of one RECV or collective
+  int32_t fault_rank = -1;   // testing: this rank fails at its first SEND (-1 = none)
 };
 
 // Runs rank r's sequence. On failure the error names the rank and the op (also stored

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <limits>
 #include <map>
 #include <optional>
@@ -10,6 +11,8 @@
 namespace pipeplan {
 namespace {
 
+constexpr int kMaxInt = 1 << 24;       // any integer key
+constexpr int kMaxParallel = 1 << 16;  // tp, pp, vp, cp, ep, dp
 constexpr std::string_view kPipelineNames[] = {"gpipe", "1f1b", "interleaved-1f1b"};
 constexpr std::string_view kModalityNames[] = {"inline", "decoupled", "nested", "bubble-fill"};
 constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
@@ -48,6 +51,7 @@ class MapReader {
     std::string found_name;
     if (node_.IsMap()) {
       for (auto it = node_.begin(); it != node_.end(); ++it) {
+        if (!it->first.IsScalar()) continue;  // reported by Finish()
         std::string key = it->first.as<std::string>();
         for (auto n : names) {
           if (key != n) continue;
@@ -67,8 +71,9 @@ class MapReader {
     return found;
   }
 
-  void Int(std::initializer_list<std::string_view> names, int* out, int min,
-           bool required = false) {
+  // Integers are bounded (kMaxInt unless given) so that products of them cannot overflow.
+  void Int(std::initializer_list<std::string_view> names, int* out, int min, bool required = false,
+           int max = kMaxInt) {
     auto n = Find(names, required);
     if (!n) return;
     std::string path = Path(*names.begin());
@@ -79,8 +84,10 @@ class MapReader {
       return ctx_->Fail(*n, path,
                         fmt::format("'{}' must be an integer, got '{}'", path, Scalar(*n)));
     }
-    if (v < min || v > std::numeric_limits<int>::max())
+    if (v < min)
       return ctx_->Fail(*n, path, fmt::format("'{}' must be >= {}, got {}", path, min, v));
+    if (v > max)
+      return ctx_->Fail(*n, path, fmt::format("'{}' must be <= {}, got {}", path, max, v));
     *out = static_cast<int>(v);
   }
 
@@ -105,8 +112,9 @@ class MapReader {
     } catch (const YAML::Exception&) {
       return ctx_->Fail(*n, path, fmt::format("'{}' must be a number, got '{}'", path, Scalar(*n)));
     }
-    if (*out < min)
-      ctx_->Fail(*n, path, fmt::format("'{}' must be >= {}, got {}", path, min, *out));
+    if (!std::isfinite(*out) || *out < min)
+      ctx_->Fail(*n, path,
+                 fmt::format("'{}' must be a finite number >= {}, got {}", path, min, Scalar(*n)));
   }
 
   void Bool(std::initializer_list<std::string_view> names, bool* out) {
@@ -156,6 +164,7 @@ class MapReader {
   void Finish() {
     if (!node_.IsMap()) return;
     for (auto it = node_.begin(); it != node_.end(); ++it) {
+      if (!it->first.IsScalar()) return ctx_->Fail(it->first, path_, "keys must be plain names");
       std::string key = it->first.as<std::string>();
       if (known_.count(key)) continue;
       std::string hint;
@@ -189,8 +198,8 @@ class MapReader {
 
 void ReadCluster(MapReader m, ClusterConfig* c) {
   m.String({"gpu"}, &c->gpu, true);
-  m.Int({"nodes"}, &c->nodes, 1, true);
-  m.Int({"gpus_per_node"}, &c->gpus_per_node, 1);
+  m.Int({"nodes"}, &c->nodes, 1, true, 1 << 20);
+  m.Int({"gpus_per_node"}, &c->gpus_per_node, 1, false, 1024);
   auto found = FindGpu(c->gpu);
   if (!found.ok()) {
     std::string list;
@@ -203,6 +212,12 @@ void ReadCluster(MapReader m, ClusterConfig* c) {
   for (const std::string& name : GpuSpecFieldNames()) {
     double* field = GpuSpecField(&c->spec, name);
     hw.Double({name}, field, 0);
+    // Rates, capacities and efficiencies divide: they must be positive.
+    const bool may_be_zero =
+        name == "fp8_flops" || name.find("latency") != std::string::npos || name == "launch_s";
+    if (!may_be_zero && *field <= 0 && hw.Has({name}))
+      m.ctx()->FailAt("cluster.hardware." + name,
+                      fmt::format("'cluster.hardware.{}' must be > 0", name));
   }
   hw.Finish();
   m.Finish();
@@ -220,7 +235,11 @@ void ReadModel(MapReader m, ModelConfig* c) {
   if (l.kv_heads == 0) l.kv_heads = l.heads;
   llm.Int({"vocab", "vocab_size"}, &l.vocab, 1, true);
   llm.Int({"head_dim", "kv_channels"}, &l.head_dim, 1);
-  if (l.head_dim == 0) l.head_dim = l.hidden / l.heads;
+  if (l.head_dim == 0 && l.heads > 0) l.head_dim = l.hidden / l.heads;
+  if (l.head_dim == 0 && l.heads > 0)
+    m.ctx()->FailAt("model.llm.hidden",
+                    fmt::format("hidden {} is smaller than heads {} (set model.llm.head_dim)",
+                                l.hidden, l.heads));
   llm.Bool({"gated_ffn", "swiglu"}, &l.gated_ffn);
   MapReader moe = llm.Sub({"moe"});
   moe.Int({"experts", "num_experts"}, &l.moe.experts, 0);
@@ -262,12 +281,12 @@ void ReadModel(MapReader m, ModelConfig* c) {
 }
 
 void ReadParallel(MapReader m, ParallelConfig* c) {
-  m.Int({"tp", "tensor_model_parallel_size"}, &c->tp, 1);
-  m.Int({"pp", "pipeline_model_parallel_size"}, &c->pp, 1);
-  m.Int({"vp", "virtual_pipeline_model_parallel_size"}, &c->vp, 1);
-  m.Int({"dp", "data_parallel_size"}, &c->dp, 1);
-  m.Int({"cp", "context_parallel_size"}, &c->cp, 1);
-  m.Int({"ep", "expert_model_parallel_size"}, &c->ep, 1);
+  m.Int({"tp", "tensor_model_parallel_size"}, &c->tp, 1, false, kMaxParallel);
+  m.Int({"pp", "pipeline_model_parallel_size"}, &c->pp, 1, false, kMaxParallel);
+  m.Int({"vp", "virtual_pipeline_model_parallel_size"}, &c->vp, 1, false, kMaxParallel);
+  m.Int({"dp", "data_parallel_size"}, &c->dp, 1, false, kMaxParallel);
+  m.Int({"cp", "context_parallel_size"}, &c->cp, 1, false, kMaxParallel);
+  m.Int({"ep", "expert_model_parallel_size"}, &c->ep, 1, false, kMaxParallel);
   m.Int({"microbatch_group_size_per_vp_stage"}, &c->microbatch_group_size_per_vp_stage, 1);
   m.Finish();
 }
@@ -276,7 +295,7 @@ void ReadTraining(MapReader m, TrainingConfig* c) {
   m.Int({"seq_length", "seq_len"}, &c->seq_length, 1, true);
   m.Int({"micro_batch_size", "mbs"}, &c->micro_batch_size, 1);
   m.Int({"global_batch_size", "gbs"}, &c->global_batch_size, 1);
-  m.Int({"microbatches", "num_microbatches"}, &c->microbatches, 1);
+  m.Int({"microbatches", "num_microbatches"}, &c->microbatches, 1, false, 1 << 20);
   m.Enum({"recompute"}, &c->recompute, kRecomputeNames);
   m.Int({"zero_stage"}, &c->zero_stage, 0);
   m.Bool({"sequence_parallel"}, &c->sequence_parallel);
@@ -328,13 +347,13 @@ void CheckConsistency(Config* c, Ctx* ctx) {
   TrainingConfig& t = c->training;
   const LlmConfig& l = c->model.llm;
   const int world = c->world();
-  const int model_parallel = p.tp * p.pp * p.cp;
+  const int64_t model_parallel = static_cast<int64_t>(p.tp) * p.pp * p.cp;  // bounded: no overflow
   if (world % model_parallel != 0)
     return ctx->FailAt(
         "parallelism.pp",
         fmt::format("world size {} GPUs ({} nodes x {}) is not divisible by tp*pp*cp = {}", world,
                     c->cluster.nodes, c->cluster.gpus_per_node, model_parallel));
-  int dp = world / model_parallel;
+  const int dp = static_cast<int>(world / model_parallel);
   if (p.dp != 0 && p.dp != dp)
     return ctx->FailAt("parallelism.dp", fmt::format("dp = {} but world {} / (tp*pp*cp = {}) = {}",
                                                      p.dp, world, model_parallel, dp));
@@ -383,13 +402,13 @@ void CheckConsistency(Config* c, Ctx* ctx) {
         fmt::format("seq_length {} is not divisible by tp*cp = {}", t.seq_length, p.tp * p.cp));
   // Micro-batches per replica = gbs / (mbs * dp).
   if (t.global_batch_size > 0) {
-    int per_step = t.micro_batch_size * dp;
+    const int64_t per_step = static_cast<int64_t>(t.micro_batch_size) * dp;
     if (t.global_batch_size % per_step != 0)
       return ctx->FailAt(
           "training.global_batch_size",
           fmt::format("global_batch_size {} is not divisible by micro_batch_size*dp = {}*{}",
                       t.global_batch_size, t.micro_batch_size, dp));
-    int m = t.global_batch_size / per_step;
+    const int m = static_cast<int>(t.global_batch_size / per_step);
     if (t.microbatches != 0 && t.microbatches != m)
       return ctx->FailAt(
           "training.microbatches",
@@ -443,7 +462,16 @@ void CheckConsistency(Config* c, Ctx* ctx) {
   if (c->schedule.modality == ModalityPolicy::kDecoupled && c->model.generator.enabled && p.vp > 1)
     return ctx->FailAt("schedule.modality",
                        "decoupled with a generator runs all LLM forwards first and needs vp = 1");
-  if (c->data.text_tokens > t.seq_length * t.micro_batch_size)
+  double weights = 0;
+  for (const ImageClass& ic : c->data.images) weights += ic.weight;
+  if (!c->data.images.empty() && weights <= 0)
+    return ctx->FailAt("data.images", "the image weights must add up to more than 0");
+  // Keep plans within 32-bit op ids: about 8 ops per (replica, stage, chunk, micro-batch).
+  const int64_t ops = 8LL * dp * p.pp * p.vp * std::max(1, t.microbatches);
+  if (ops > (int64_t{1} << 31))
+    return ctx->FailAt("training",
+                       fmt::format("the plan would have about {} ops (limit 2^31)", ops));
+  if (c->data.text_tokens > static_cast<int64_t>(t.seq_length) * t.micro_batch_size)
     return ctx->FailAt(
         "data.text_tokens",
         fmt::format("text_tokens {} exceed seq_length*micro_batch_size", c->data.text_tokens));

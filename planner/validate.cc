@@ -156,7 +156,7 @@ Status CheckFlow(const Table& t) {
     if (recv > cons)
       return InvalidPlan(
           fmt::format("{}: runs before {} delivers its input", t.str(cons), t.str(recv)));
-    OpId send = t.deps(recv).empty() ? UINT32_MAX : t.deps(recv)[0];
+    OpId send = t.send_of(recv);
     if (send == UINT32_MAX || t.rank(send) != t.rank(prod) || t.chunk(send) != t.chunk(prod))
       return InvalidPlan(fmt::format("{}: receives from the wrong producer (expected output of {})",
                                      t.str(recv), t.str(prod)));
@@ -232,7 +232,7 @@ Status CheckModality(const Table& t) {
     if (recv == UINT32_MAX || recv > cons)
       return InvalidPlan(
           fmt::format("{}: runs before {} {} arrives", t.str(cons), what, t.str(prod)));
-    OpId send = t.deps(recv).empty() ? UINT32_MAX : t.deps(recv)[0];
+    OpId send = t.send_of(recv);
     if (send == UINT32_MAX || t.rank(send) != t.rank(prod) || send < prod)
       return InvalidPlan(
           fmt::format("{}: sent before {} {} produced it", t.str(recv), what, t.str(prod)));

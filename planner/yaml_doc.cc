@@ -104,9 +104,11 @@ std::vector<std::string> YamlDoc::LeafAssignments() const {
   std::function<void(const YAML::Node&, const std::string&)> walk = [&](const YAML::Node& n,
                                                                         const std::string& path) {
     if (n.IsMap()) {
-      for (auto it = n.begin(); it != n.end(); ++it)
-        walk(it->second,
-             path.empty() ? it->first.as<std::string>() : path + "." + it->first.as<std::string>());
+      for (auto it = n.begin(); it != n.end(); ++it) {
+        // A key that is not a plain name cannot be a config key: passed on, it is rejected.
+        std::string key = it->first.IsScalar() ? it->first.Scalar() : "<not a name>";
+        walk(it->second, path.empty() ? key : path + "." + key);
+      }
     } else if (n.IsScalar()) {
       out.push_back(path + "=" + n.Scalar());
     }

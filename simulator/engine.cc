@@ -23,13 +23,12 @@ class Engine {
     tl_.start.assign(n, 0.0);
     tl_.end.assign(n, 0.0);
     state_.assign(n, kIdle);
-    send_to_recv_.assign(n, UINT32_MAX);
+    partner_.assign(n, UINT32_MAX);
     for (OpId i = 0; i < n; ++i) {
       if (!IsRecv(t_.kind(i))) continue;
-      auto d = t_.deps(i);
-      if (d.empty() || !IsSend(t_.kind(d[0])))
-        return InvalidPlan(fmt::format("{}: has no matching SEND", t_.str(i)));
-      send_to_recv_[d[0]] = i;
+      const OpId s = t_.send_of(i);
+      if (s == UINT32_MAX) return InvalidPlan(fmt::format("{}: has no matching SEND", t_.str(i)));
+      partner_[s] = i, partner_[i] = s;
     }
     RETURN_IF_ERROR(IndexCollectives());
     cursor_.resize(R);
@@ -162,7 +161,7 @@ class Engine {
       if (state_[j] != kIdle) continue;
       state_[j] = kPosted;
       tl_.start[j] = at;  // post time until matched
-      OpId partner = IsSend(k) ? send_to_recv_[j] : t_.deps(j)[0];
+      OpId partner = partner_[j];
       if (partner == UINT32_MAX || state_[partner] != kPosted) continue;
       double start = std::max(at, tl_.start[partner]);
       double d = std::max(dur_[j], dur_[partner]);
@@ -229,7 +228,7 @@ class Engine {
   const std::vector<double>& dur_;
   Timeline tl_;
   std::vector<uint8_t> state_;
-  std::vector<OpId> send_to_recv_;
+  std::vector<OpId> partner_;  // SEND <-> RECV
   std::vector<std::array<OpId, 2>> cursor_;
   std::vector<std::array<double, 2>> stream_end_;
   std::vector<uint8_t> queued_;
@@ -253,7 +252,7 @@ std::vector<OpId> CriticalPath(const Table& t, const Timeline& tl) {
   std::vector<OpId> send_to_recv(t.size(), UINT32_MAX);
   std::map<std::pair<int32_t, uint32_t>, std::vector<OpId>> instances;  // collective members
   for (OpId i = 0; i < t.size(); ++i) {
-    if (IsRecv(t.kind(i)) && !t.deps(i).empty()) send_to_recv[t.deps(i)[0]] = i;
+    if (IsRecv(t.kind(i)) && t.send_of(i) != UINT32_MAX) send_to_recv[t.send_of(i)] = i;
     if (t.grouped(i)) instances[{t.peer(i), t.tag(i)}].push_back(i);
   }
   auto close = [](double a, double b) {
@@ -278,7 +277,7 @@ std::vector<OpId> CriticalPath(const Table& t, const Timeline& tl) {
     if (s <= 0) break;
     std::vector<OpId> candidates;
     if (IsP2P(t.kind(cur))) {
-      OpId partner = IsSend(t.kind(cur)) ? send_to_recv[cur] : t.deps(cur)[0];
+      OpId partner = IsSend(t.kind(cur)) ? send_to_recv[cur] : t.send_of(cur);
       candidates = {prev(cur), partner == UINT32_MAX ? UINT32_MAX : prev(partner)};
     } else if (t.grouped(cur)) {
       // Started when the last member was ready: any member's stream or dependencies.
