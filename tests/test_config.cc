@@ -147,3 +147,21 @@ TEST_CASE("hardware overrides apply to the catalog entry") {
             .rfind("cfg.yaml:2:8: unknown GPU 'V100' (catalog: H100, H200, H800, H20, A100)", 0) ==
         0);
 }
+
+TEST_CASE("hostile values are errors, not crashes") {
+  CHECK(Error("") == "cfg.yaml: cluster: missing required key 'cluster'");
+  CHECK(Error(kBase, {"model=3"}) == "--set model=3: 'model' must be a mapping");
+  CHECK(Error(kBase, {"parallelism.tp=100000"}) ==
+        "--set parallelism.tp=100000: 'parallelism.tp' must be <= 65536, got 100000");
+  CHECK(Error(kBase, {"cluster.nodes=2147483647"}) ==
+        "--set cluster.nodes=2147483647: 'cluster.nodes' must be <= 1048576, got 2147483647");
+  CHECK(Error(kBase, {"training.comm_reserve_gb=.nan"}) ==
+        "--set training.comm_reserve_gb=.nan: 'training.comm_reserve_gb' must be a finite number "
+        ">= 0, got .nan");
+  CHECK(Error(kBase, {"cluster.hardware.hbm_bw=0"}) ==
+        "--set cluster.hardware.hbm_bw=0: 'cluster.hardware.hbm_bw' must be > 0");
+  CHECK(Error(kBase, {"model.llm.hidden=2", "model.llm.heads=4"})
+            .find("hidden 2 is smaller than heads 4") != std::string::npos);
+  CHECK(Error(std::string(kBase) + "[a, b]: 1\n")
+            .rfind("cfg.yaml:18:1: keys must be plain names", 0) == 0);
+}

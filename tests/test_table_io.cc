@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "core/table_io.h"
 #include "helpers.h"
 
@@ -38,4 +40,22 @@ TEST_CASE("corrupt plan files are rejected, not crashed on") {
   REQUIRE(at != std::string::npos);
   js.replace(at, 4, "\"r9 ");  // a rank that does not exist
   CHECK(!FromJson(js).ok());
+}
+
+TEST_CASE("plan files with inconsistent metadata or work are rejected") {
+  Table t = Plan(SmallConfig(PipelineKind::k1F1B, 2, 1, 2));
+  auto bad = [&](auto edit) {
+    auto j = nlohmann::json::parse(ToJson(t));
+    edit(j);
+    return FromJson(j.dump()).status().message();
+  };
+  CHECK(bad([](auto& j) { j["meta"]["vp"] = -1; }) ==
+        "plan metadata: parallel sizes and micro-batches must be >= 1");
+  CHECK(bad([](auto& j) { j["meta"]["dp"] = 3; }) == "plan has 2 ranks but dp x pp = 3 x 2");
+  CHECK(bad([](auto& j) { j["works"][0]["layer_begin"] = -5; }) ==
+        "a work entry has an invalid memory effect, call count or layer range");
+  CHECK(bad([](auto& j) { j["works"][0]["flops"] = -1.0; }) ==
+        "a work entry has a negative or non-finite amount");
+  CHECK(bad([](auto& j) { j["ops"][1]["deps"] = {1000000}; }) ==
+        "dependency on op 1000000 which does not exist");
 }
