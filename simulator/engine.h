@@ -24,10 +24,6 @@
 
 namespace pipeplan {
 
-struct EngineResult {
-  Timeline timeline;
-};
-
 // durations: seconds per op (CostModel::Durations, or zeros for a progress check).
 StatusOr<Timeline> Simulate(const Table& t, const std::vector<double>& durations);
 
