@@ -1,5 +1,5 @@
-// pipeplan execute PLAN [--backend cpu|cuda] [--local-ranks N] [--check] [--trace FILE] [--timeout
-// S]
+// pipeplan execute PLAN [--backend cpu|cuda] [--local-ranks N] [--nccl] [--rendezvous DIR]
+//                       [--check] [--trace FILE] [--timeout S] [--fault R]
 #include <fmt/format.h>
 
 #include <cmath>
@@ -18,6 +18,10 @@
 #endif
 #ifdef PIPEPLAN_HAS_MPI
 #include "executor/mpi_run.h"
+#endif
+#ifdef PIPEPLAN_HAS_NCCL
+#include "executor/nccl_backend.h"
+#include "executor/rendezvous.h"
 #endif
 
 namespace pipeplan {
@@ -44,21 +48,36 @@ std::pair<int, int> LaunchRank(int rank, int world) {
   return {rank, world};
 }
 
+// The process's index among those on its node (selects its GPU).
+int LocalRank(int rank) {
+  for (const char* v : {"SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return rank;
+}
+
 struct ExecOptions {
-  std::string plan, backend = "cpu", trace;
+  std::string plan, backend = "cpu", trace, rendezvous, rendezvous_key;
   int local_ranks = 0, rank = -1, world = -1;
-  bool check = false;
+  bool check = false, nccl = false;
   double timeout_s = 60;
   int fault_rank = -1;
 };
+
+// Writes this process's partial trace after a failure: TRACE.rank<r>.json (TRACE.gpu<p>.json
+// where ranks hold several GPUs).
+void WritePartialTrace(const std::string& trace, const Table& t, const Timeline& own,
+                       const std::string& name) {
+  if (trace.empty() || own.start.size() != t.size()) return;
+  TraceOptions to;
+  to.source = "measured (partial)";
+  (void)WriteFileAtomic(fmt::format("{}.{}.json", trace, name), ChromeTrace(t, own, {}, to));
+}
 
 // One process per rank (srun / mpirun): MPI transport; rank 0 writes the merged trace and
 // the check. Every rank exits non-zero when one fails.
 int RunMultiProcess(const ExecOptions& o, const Table& t, int rank, int world) {
 #ifdef PIPEPLAN_HAS_MPI
   (void)world;  // taken from MPI itself
-  if (o.backend != "cpu")
-    return Report(InvalidInput("multi-process runs use --backend cpu (no NCCL backend yet)"));
   MpiAvailable();
   RunOptions ro;
   ro.op_timeout_s = o.timeout_s;
@@ -67,15 +86,10 @@ int RunMultiProcess(const ExecOptions& o, const Table& t, int rank, int world) {
   auto r = RunCpuMpi(t, ro, o.check, &own);
   if (!r.ok()) {
     Report(r.status());
-    if (!o.trace.empty() && own.start.size() == t.size()) {  // this rank's partial trace
-      TraceOptions to;
-      to.source = "measured (partial)";
-      int me = rank;
-      for (OpId i = 0; i < t.size(); ++i)
-        if (own.start[i] >= 0) me = t.rank(i);
-      (void)WriteFileAtomic(fmt::format("{}.rank{}.json", o.trace, me),
-                            ChromeTrace(t, own, {}, to));
-    }
+    int me = rank;  // the rank whose ops ran
+    for (OpId i = 0; i < own.start.size(); ++i)
+      if (own.start[i] >= 0) me = t.rank(i);
+    WritePartialTrace(o.trace, t, own, fmt::format("rank{}", me));
     MpiAbort(r.status().code() == ErrorCode::kInvalidInput ? 2 : 1);
   }
   int code = 0;
@@ -106,6 +120,78 @@ int RunMultiProcess(const ExecOptions& o, const Table& t, int rank, int world) {
 #endif
 }
 
+// One process per GPU over NCCL (--backend cuda under srun / mpirun, or --nccl). NCCL's id
+// travels through MPI, or through a file in --rendezvous DIR.
+int RunNcclMode(const ExecOptions& o, const Table& t, int rank, int world) {
+#ifdef PIPEPLAN_HAS_NCCL
+  if (world < 1) world = 1, rank = 0;
+  NcclLaunch l;
+  l.process = rank, l.world = world, l.local_rank = LocalRank(rank);
+  bool mpi = false;
+  FileRendezvous fr{o.rendezvous,
+                    o.rendezvous_key.empty() ? DefaultRendezvousKey() : o.rendezvous_key,
+                    o.timeout_s};
+  if (!o.rendezvous.empty()) {
+    l.share_id = [fr, rank, world](std::string* id) {
+      return ShareThroughFile(fr, rank, world, id);
+    };
+    l.joined = [fr] { RemoveRendezvousFile(fr); };
+  } else if (world == 1) {
+    l.share_id = [](std::string*) { return Status::Ok(); };
+  } else {
+#ifdef PIPEPLAN_HAS_MPI
+    MpiAvailable();
+    mpi = true;
+    l.share_id = MpiBroadcast;
+#else
+    return Report(InvalidInput(
+        "one process per GPU needs MPI (not built in) or --rendezvous DIR to share NCCL's id"));
+#endif
+  }
+  RunOptions ro;
+  ro.op_timeout_s = o.timeout_s;
+  ro.fault_rank = o.fault_rank;
+  Timeline own;
+  auto r = RunNccl(t, l, ro, o.check, &own);
+  auto finish = [&](int code) {
+#ifdef PIPEPLAN_HAS_MPI
+    if (mpi && code != 0) MpiAbort(code);
+    if (mpi) MpiFinalize();
+#endif
+    return code;
+  };
+  if (!r.ok()) {
+    int code = Report(r.status());
+    WritePartialTrace(o.trace, t, own,
+                      fmt::format("{}{}", t.ranks()[0].gpus > 1 ? "gpu" : "rank", rank));
+    return finish(code);
+  }
+  if (!r->mismatch.empty()) fmt::print(stderr, "error: transfer check: {}\n", r->mismatch);
+  int code = o.check && r->bad > 0 ? 1 : 0;
+  if (rank == 0) {
+    if (!o.trace.empty()) {
+      TraceOptions to;
+      to.source = "measured";
+      if (Status s = WriteFileAtomic(o.trace, ChromeTrace(t, r->merged, {}, to)); !s.ok())
+        code = Report(s);
+    }
+    fmt::print("{}: {} processes (one per GPU, NCCL), {} ops, measured step {:.6g} s; process 0 on {}\n",
+               o.plan, world, t.size(), r->merged.Makespan(), r->device);
+    if (o.check)
+      fmt::print("transfer check: {} transfers and collectives verified on every process, {} wrong: {}\n",
+                 r->checked, r->bad, r->bad == 0 ? "PASS" : "FAIL");
+    if (!o.trace.empty()) fmt::print("trace: {}\n", o.trace);
+  }
+  return finish(code);
+#else
+  (void)o, (void)t;
+  return Report(Internal(fmt::format(
+      "rank {} of {}: --backend cuda with one process per GPU needs NCCL, which this pipeplan was "
+      "built without (no CUDA compiler or no nccl.h / libnccl at build time)",
+      rank, world)));
+#endif
+}
+
 }  // namespace
 
 Command MakeExecuteCommand() {
@@ -121,7 +207,15 @@ Command MakeExecuteCommand() {
     app->add_option("--world", o->world,
                     "number of processes (else SLURM_NTASKS / OMPI_COMM_WORLD_SIZE)");
     app->add_flag("--check", o->check,
-                  "compare loss and every gradient with a sequential reference");
+                  "cpu: compare loss and every gradient with a sequential reference; cuda with "
+                  "NCCL: verify every transfer and collective");
+    app->add_flag("--nccl", o->nccl,
+                  "cuda: one process per GPU over NCCL also when this is the only process "
+                  "(implied under srun / mpirun)");
+    app->add_option("--rendezvous", o->rendezvous,
+                    "NCCL: share NCCL's id through a file in this shared directory instead of MPI");
+    app->add_option("--rendezvous-key", o->rendezvous_key,
+                    "NCCL: the file's key, unique per job (default SLURM_JOB_ID.SLURM_STEP_ID)");
     app->add_option("--trace", o->trace, "write the measured Chrome trace here");
     app->add_option("--timeout", o->timeout_s, "seconds one RECV or collective may wait");
     app->add_option("--fault", o->fault_rank,
@@ -138,6 +232,9 @@ Command MakeExecuteCommand() {
       return Report(Status(v.code(), fmt::format("{}: {}", o->plan, v.message())));
 
     auto [rank, world] = LaunchRank(o->rank, o->world);
+    if (o->backend == "cuda" && o->local_ranks == 0 && (o->nccl || world > 1))
+      return RunNcclMode(*o, *t, rank, world);
+    if (o->nccl) return Report(InvalidInput("--nccl needs --backend cuda and no --local-ranks"));
     if (o->local_ranks == 0 && world > 1) return RunMultiProcess(*o, *t, rank, world);
     const int local = o->local_ranks > 0 ? o->local_ranks : 1;
     if (local != t->num_ranks())
@@ -150,8 +247,9 @@ Command MakeExecuteCommand() {
     StatusOr<CheckResult> r = CheckResult{};
     if (o->backend == "cuda") {
       if (o->check)
-        return Report(
-            InvalidInput("--check needs --backend cpu (the CUDA backend runs shaped GEMMs)"));
+        return Report(InvalidInput(
+            "--check on one GPU needs --backend cpu (the single-GPU CUDA backend runs shaped "
+            "GEMMs; with --nccl, --check verifies every transfer)"));
       r = RunCuda(*t, ro, &measured);
     } else {
       r = RunCpuLocal(*t, ro, o->check, &measured);

@@ -14,14 +14,6 @@ Status Check(const std::string& e) {
   return e.empty() ? Status::Ok() : Internal(e);
 }
 
-// Square GEMM side whose 2 n^3 FLOPs match one layer's share of the op on one GPU.
-size_t GemmDim(const Work& w, int gpus) {
-  const int layers = std::max(1, w.layer_end - w.layer_begin);
-  const double per_layer = w.flops / std::max(gpus, 1) / layers;
-  if (per_layer <= 0) return 0;
-  return std::max<size_t>(64, static_cast<size_t>(std::cbrt(per_layer / 2) / 64 + 0.5) * 64);
-}
-
 class CudaBackend : public Backend {
  public:
   CudaBackend(const Table& t, int32_t rank, std::shared_ptr<cudadev::Pool> pool)
@@ -50,6 +42,13 @@ class CudaBackend : public Backend {
 };
 
 }  // namespace
+
+size_t GemmDim(const Work& w, int gpus) {
+  const int layers = std::max(1, w.layer_end - w.layer_begin);
+  const double per_layer = w.flops / std::max(gpus, 1) / layers;
+  if (per_layer <= 0) return 0;
+  return std::max<size_t>(64, static_cast<size_t>(std::cbrt(per_layer / 2) / 64 + 0.5) * 64);
+}
 
 StatusOr<int> CudaDeviceCount() {
   int n = 0;

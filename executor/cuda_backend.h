@@ -3,8 +3,8 @@
 // per GPU equal the op's (one square GEMM per layer of the op), so measured times are
 // comparable with the simulated ones; a RECV copies the op's payload from the sender's
 // device buffer; a collective touches its payload once. Every op synchronises its stream,
-// so the runner's timestamps are the op's GPU time plus a launch. NCCL and one process
-// per GPU are not built yet.
+// so the runner's timestamps are the op's GPU time plus a launch. One process per GPU with
+// NCCL is nccl_backend.h.
 #pragma once
 
 #include <memory>
@@ -21,6 +21,10 @@ namespace pipeplan {
 StatusOr<int> CudaDeviceCount();
 // A description of device 0 ("NVIDIA H200, 139 GiB").
 StatusOr<std::string> CudaDeviceName();
+
+// Side of the square GEMM whose 2 n^3 FLOPs match one layer's share of the op on one of
+// the rank's `gpus` GPUs (0: no GEMM), rounded to a multiple of 64.
+size_t GemmDim(const Work& w, int gpus);
 
 // Backends for every rank of `t` on the current device.
 StatusOr<std::vector<std::unique_ptr<Backend>>> MakeCudaBackends(const Table& t);

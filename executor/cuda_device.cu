@@ -93,6 +93,26 @@ std::string Pool::Create(int ranks, size_t gemm_dim, size_t payload_bytes,
 Pool::~Pool() = default;
 
 std::string Pool::Gemm(int rank, size_t n, int count) {
+  if (std::string e = EnqueueGemm(rank, n, count); !e.empty()) return e;
+  return Err(cudaStreamSynchronize(impl_->streams[rank]), "compute");
+}
+
+std::string Pool::EnqueueWrite(int rank, size_t bytes) {
+  Impl& m = *impl_;
+  for (size_t done = 0; done < bytes; done += payload_bytes_)
+    if (std::string e = Err(cudaMemsetAsync(m.payload[rank], 0,
+                                            std::min(payload_bytes_, bytes - done), m.streams[rank]),
+                            "cudaMemsetAsync");
+        !e.empty())
+      return e;
+  return "";
+}
+
+void* Pool::stream(int rank) const {
+  return impl_->streams[rank];
+}
+
+std::string Pool::EnqueueGemm(int rank, size_t n, int count) {
   Impl& m = *impl_;
   n = std::min(n, m.dim);
   const float alpha = 1, beta = 0;
@@ -103,7 +123,7 @@ std::string Pool::Gemm(int rank, size_t n, int count) {
                             "cublasGemmEx");
         !e.empty())
       return e;
-  return Err(cudaStreamSynchronize(m.streams[rank]), "compute");
+  return "";
 }
 
 std::string Pool::Copy(int dst, int src, size_t bytes) {

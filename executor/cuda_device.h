@@ -12,7 +12,7 @@ namespace pipeplan::cudadev {
 std::string DeviceCount(int* n);  // fails with CUDA's message where there is no GPU
 std::string DeviceName(std::string* name);
 
-// Device memory and one stream + cuBLAS handle per rank, on device 0.
+// Device memory and one stream + cuBLAS handle per rank, on the current device.
 class Pool {
  public:
   static std::string Create(int ranks, size_t gemm_dim, size_t payload_bytes,
@@ -20,6 +20,11 @@ class Pool {
   ~Pool();
   // `count` bf16 GEMMs of n x n x n (fp32 accumulate) on the rank's stream, then sync.
   std::string Gemm(int rank, size_t n, int count);
+  // The same without the sync, and a memory-bound pass writing `bytes` (in chunks of the
+  // payload buffer): for callers that time with events on stream(rank).
+  std::string EnqueueGemm(int rank, size_t n, int count);
+  std::string EnqueueWrite(int rank, size_t bytes);
+  void* stream(int rank) const;  // the rank's cudaStream_t
   // Copies `bytes` of src's payload buffer into dst's on dst's stream, then sync.
   std::string Copy(int dst, int src, size_t bytes);
   // Touches `bytes` of the rank's payload buffer (a collective's local traffic), then sync.

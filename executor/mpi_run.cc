@@ -136,6 +136,16 @@ void MpiFinalize() {
   if (!fin) MPI_Finalize();
 }
 
+Status MpiBroadcast(std::string* bytes) {
+  int n = static_cast<int>(bytes->size());
+  if (MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+    return Internal("MPI_Bcast failed");
+  bytes->resize(n);
+  if (MPI_Bcast(bytes->data(), n, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+    return Internal("MPI_Bcast failed");
+  return Status::Ok();
+}
+
 void MpiAbort(int code) {
   MPI_Abort(MPI_COMM_WORLD, code);
   std::exit(code);

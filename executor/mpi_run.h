@@ -5,6 +5,8 @@
 // (one merged trace) and, with a check, every rank's gradients.
 #pragma once
 
+#include <string>
+
 #include "core/table.h"
 #include "core/timeline.h"
 #include "executor/check.h"
@@ -23,6 +25,8 @@ struct MpiResult {
 // rank's ops as they ran, also after a failure (a partial trace).
 StatusOr<MpiResult> RunCpuMpi(const Table& t, const RunOptions& o, bool check, Timeline* own);
 void MpiFinalize();
+// Process 0's bytes (NCCL's unique id) to every process.
+Status MpiBroadcast(std::string* bytes);
 [[noreturn]] void MpiAbort(int code);
 
 }  // namespace pipeplan

@@ -20,6 +20,10 @@ StatusOr<ProcessMap> MapProcesses(const Table& t, int32_t world) {
   pm.shard.assign(world, -1);
   for (int32_t r = 0; r < t.num_ranks(); ++r) {
     const RankInfo& info = t.ranks()[r];
+    if (info.gpus != t.ranks()[0].gpus)
+      return InvalidPlan(fmt::format(
+          "rank {} holds {} GPUs and rank 0 {}: one process per GPU needs the same on every rank",
+          r, info.gpus, t.ranks()[0].gpus));
     if (info.gpus < 1 || info.first_gpu < 0 || info.first_gpu > world - info.gpus)
       return InvalidPlan(fmt::format("rank {}: GPUs [{}, {}) outside the {} processes", r,
                                      info.first_gpu, int64_t{info.first_gpu} + info.gpus, world));
@@ -55,22 +59,16 @@ CommPlan PlanCommunicators(const Table& t, const ProcessMap& pm) {
     if (IsSend(t.kind(i))) pairs.insert({t.rank(i), t.peer(i)});
     if (t.grouped(i)) groups.insert(t.peer(i));
   }
-  // Shards of ranks with fewer GPUs than their peer talk to the peer's shard s % gpus.
+  const int32_t shards = t.num_ranks() > 0 ? t.ranks()[0].gpus : 1;
   for (auto [from, to] : pairs)
-    for (int32_t s = 0; s < std::max(t.ranks()[from].gpus, t.ranks()[to].gpus); ++s)
-      cp.p2p[{from, to, s}] = add({pm.process(from, s % t.ranks()[from].gpus),
-                                   pm.process(to, s % t.ranks()[to].gpus)});
-  for (int32_t g : groups) {
-    int32_t shards = 1;
-    for (int32_t r : t.group(g)) shards = std::max(shards, t.ranks()[r].gpus);
+    for (int32_t s = 0; s < shards; ++s)
+      cp.p2p[{from, to, s}] = add({pm.process(from, s), pm.process(to, s)});
+  for (int32_t g : groups)
     for (int32_t s = 0; s < shards; ++s) {
       std::vector<int32_t> procs;
-      for (int32_t r : t.group(g)) procs.push_back(pm.process(r, s % t.ranks()[r].gpus));
-      std::sort(procs.begin(), procs.end());
-      procs.erase(std::unique(procs.begin(), procs.end()), procs.end());
+      for (int32_t r : t.group(g)) procs.push_back(pm.process(r, s));
       cp.group[{g, s}] = add(std::move(procs));
     }
-  }
   // Rounds: each communicator goes to the first round where none of its members is taken.
   std::vector<std::vector<char>> taken(pm.world);
   cp.round.resize(cp.members.size());

@@ -32,7 +32,8 @@ struct ProcessMap {
   int32_t process(int32_t r, int32_t s) const { return first[r] + s; }
 };
 
-// Fails unless `world` equals the plan's GPU count and the ranks' GPUs tile [0, world).
+// Fails unless `world` equals the plan's GPU count, the ranks' GPUs tile [0, world) and
+// every rank holds the same number of GPUs.
 StatusOr<ProcessMap> MapProcesses(const Table& t, int32_t world);
 
 struct CommPlan {

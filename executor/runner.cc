@@ -34,13 +34,13 @@ Status RunOp(const Table& t, OpId i, Backend& b, Transport& tr, const RunOptions
 
 }  // namespace
 
-Status RunRank(const Table& t, int32_t rank, Backend& backend, Transport& transport,
-               const RunOptions& o, std::chrono::steady_clock::time_point t0, Timeline* measured,
-               OpId* failed) {
+Status RunSequence(const Table& t, int32_t rank, const std::function<Status(OpId)>& run_op,
+                   const RunOptions& o, std::chrono::steady_clock::time_point t0,
+                   Timeline* measured, OpId* failed) {
   for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i) {
     measured->start[i] = Seconds(t0);
     Status s = rank == o.fault_rank && IsSend(t.kind(i)) ? Internal("injected fault (--fault)")
-                                                         : RunOp(t, i, backend, transport, o);
+                                                         : run_op(i);
     measured->end[i] = Seconds(t0);
     if (!s.ok()) {
       if (failed) *failed = i;
@@ -48,6 +48,14 @@ Status RunRank(const Table& t, int32_t rank, Backend& backend, Transport& transp
     }
   }
   return Status::Ok();
+}
+
+Status RunRank(const Table& t, int32_t rank, Backend& backend, Transport& transport,
+               const RunOptions& o, std::chrono::steady_clock::time_point t0, Timeline* measured,
+               OpId* failed) {
+  return RunSequence(
+      t, rank, [&](OpId i) { return RunOp(t, i, backend, transport, o); }, o, t0, measured,
+      failed);
 }
 
 Status RunLocal(const Table& t, std::vector<std::unique_ptr<Backend>>& backends,

@@ -3,6 +3,8 @@
 // timed; the result is a measured Timeline (the simulator's type).
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,8 +30,14 @@ struct RunOptions {
   int32_t fault_rank = -1;   // testing: this rank fails at its first SEND (-1 = none)
 };
 
-// Runs rank r's sequence. On failure the error names the rank and the op (also stored
-// in *failed when given).
+// Runs rank r's sequence, calling run_op for each op and timing it. On failure the error
+// names the rank and the op (also stored in *failed when given). Backends that move their
+// own data (the NCCL backend) run through this; the others through RunRank.
+Status RunSequence(const Table& t, int32_t rank, const std::function<Status(OpId)>& run_op,
+                   const RunOptions& o, std::chrono::steady_clock::time_point t0,
+                   Timeline* measured, OpId* failed = nullptr);
+
+// RunSequence over a Backend for compute and a Transport for SEND/RECV/collectives.
 Status RunRank(const Table& t, int32_t rank, Backend& backend, Transport& transport,
                const RunOptions& o, std::chrono::steady_clock::time_point t0, Timeline* measured,
                OpId* failed = nullptr);

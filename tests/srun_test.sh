@@ -33,3 +33,15 @@ fi
 grep -q "rank 1: r1 .*: injected fault" <<<"$out" || { echo "FAIL: no error naming rank 1: $out"; exit 1; }
 ls "$dir"/fail.json.rank1.json >/dev/null 2>&1 || { echo "FAIL: no partial trace"; exit 1; }
 echo "srun: a failed rank stops the job (non-zero exit), partial trace written"
+
+# --backend cuda under srun: one process per GPU over NCCL (NCCL's id through MPI). Where
+# there is no GPU, every process stops with a clear error and a non-zero exit, never a hang.
+if nvidia-smi -L >/dev/null 2>&1; then
+  echo "srun: a GPU is here; the NCCL run belongs to scripts/gpu_check.sh"
+else
+  if out=$(timeout 120 srun --mpi=pmix -n 4 -O "$bin" execute "$dir/p.pb" --backend cuda --timeout 10 2>&1); then
+    echo "FAIL: --backend cuda without a GPU exited 0: $out"; exit 1
+  fi
+  grep -Eq "process [0-3]: no CUDA device|built without" <<<"$out" || { echo "FAIL: no clear error: $out"; exit 1; }
+  echo "srun: --backend cuda without a GPU: every process stops with a clear error"
+fi

@@ -3,9 +3,12 @@
 // NCCL needs.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <set>
+#include <thread>
 
 #include "executor/process_map.h"
+#include "executor/rendezvous.h"
 #include "helpers.h"
 
 using namespace pipeplan;
@@ -183,4 +186,59 @@ TEST_CASE("a transfer received out of its send order is held until its RECV runs
   CHECK(order.Post(Find(t, "r1 RECV_F c0 m1 <-r0")) ==
         std::vector<OpId>{Find(t, "r0 SEND_F c0 m0 ->r1"), Find(t, "r0 SEND_F c0 m1 ->r1")});
   CHECK(order.Post(Find(t, "r1 RECV_F c0 m0 <-r0")).empty());
+}
+
+TEST_CASE("file rendezvous: process 0's id reaches the others; stale or missing files fail") {
+  FileRendezvous fr{TempDir(), "job7.0", 5};
+  std::string sent = std::string("\x00\x01\xfe\xff id", 7), got;
+  std::thread root([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the others wait for it
+    std::string id = sent;
+    CHECK(ShareThroughFile(fr, 0, 3, &id).ok());
+  });
+  Status s = ShareThroughFile(fr, 2, 3, &got);
+  root.join();
+  REQUIRE_MESSAGE(s.ok(), s.message());
+  CHECK(got == sent);
+  // A file left by a job of another size is refused, not joined.
+  s = ShareThroughFile(fr, 1, 4, &got);
+  REQUIRE(!s.ok());
+  CHECK(s.message().find("written for 3 processes, this job has 4") != std::string::npos);
+  RemoveRendezvousFile(fr);
+  CHECK(!Exists(fr.path()));
+  fr.timeout_s = 0.05;
+  s = ShareThroughFile(fr, 1, 3, &got);
+  REQUIRE(!s.ok());
+  CHECK(s.message() == "process 1: timed out after 0.05 s waiting for process 0 to write " +
+                           fr.path());
+}
+
+TEST_CASE("execute --backend cuda, one process per GPU: errors are clear and nothing hangs") {
+  std::string dir = TempDir();
+  std::string cfg = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/default.yaml";
+  REQUIRE(RunCli("plan " + cfg + " --set parallelism.pp=4 --set cluster.gpus_per_node=4 -o " +
+                 dir + "/p.pb")
+              .exit_code == 0);
+  // The world must be the plan's GPU count; said before any GPU or network is touched.
+  RunResult r = RunCli("execute " + dir + "/p.pb --backend cuda --rank 0 --world 3 --rendezvous " +
+                       dir + " --timeout 5");
+  CHECK(r.exit_code != 0);
+  CHECK_MESSAGE((r.out.find("3 processes for a plan of 4 ranks holding 4 GPUs") !=
+                     std::string::npos ||
+                 r.out.find("built without") != std::string::npos),
+                r.out);
+  CHECK(RunCli("execute " + dir + "/p.pb --nccl").exit_code == 2);  // needs --backend cuda
+  // Rank 1 of 4 on a machine without a GPU (or without NCCL): a clear error, no trace.
+  r = RunCli("execute " + dir + "/p.pb --backend cuda --rank 1 --world 4 --rendezvous " + dir +
+             " --timeout 5 --trace " + dir + "/m.json");
+  if (r.exit_code == 0 || r.out.find("no CUDA device") == std::string::npos) {
+    // A GPU is here: the run waits for the three other processes and times out instead.
+    CHECK(r.exit_code != 0);
+    CHECK_MESSAGE((r.out.find("timed out") != std::string::npos ||
+                   r.out.find("built without") != std::string::npos),
+                  r.out);
+  } else {
+    CHECK(r.out.find("process 1: no CUDA device") != std::string::npos);
+  }
+  CHECK(!Exists(dir + "/m.json"));
 }
