@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "core/table_io.h"
+#include "executor/process_map.h"
 #include "executor/runner.h"
 #include "planner/plan.h"
 #include "simulator/engine.h"
@@ -142,6 +143,29 @@ void BM_ExecutorOverhead(benchmark::State& state) {
       benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_ExecutorOverhead)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// One process per GPU on the K3-scale plan (1,024 GPUs): the process map, every
+// communicator the NCCL backend creates, and their split rounds (what each process
+// computes before it joins NCCL).
+void BM_CommunicatorPlanK3(benchmark::State& state) {
+  const std::string path = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/k3_scale.yaml";
+  auto c = LoadConfig(path, {"cluster.nodes=128"});
+  if (!c.ok()) return state.SkipWithError(c.status().message().c_str());
+  Table t = MustPlan(*c);
+  int64_t gpus = 0;
+  for (const RankInfo& r : t.ranks()) gpus += r.gpus;
+  CommPlan cp;
+  for (auto _ : state) {
+    auto pm = MapProcesses(t, static_cast<int32_t>(gpus));
+    if (!pm.ok()) return state.SkipWithError(pm.status().message().c_str());
+    cp = PlanCommunicators(t, *pm);
+    benchmark::DoNotOptimize(cp);
+  }
+  state.counters["gpus"] = static_cast<double>(gpus);
+  state.counters["communicators"] = static_cast<double>(cp.members.size());
+  state.counters["rounds"] = cp.rounds;
+}
+BENCHMARK(BM_CommunicatorPlanK3)->Unit(benchmark::kMillisecond);
 
 // Baseline: a bare dependent pass over 10M pre-ordered ops (start = max(prev end, x)).
 void BM_BarePass(benchmark::State& state) {

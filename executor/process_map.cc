@@ -54,20 +54,27 @@ CommPlan PlanCommunicators(const Table& t, const ProcessMap& pm) {
     cp.rank_comm[r] = add(std::move(procs));
   }
   std::set<std::pair<int32_t, int32_t>> pairs;
-  std::set<int32_t> groups;
+  std::map<int32_t, bool> groups;  // group -> used by gangs (compute stream), else collectives
   for (OpId i = 0; i < t.size(); ++i) {
     if (IsSend(t.kind(i))) pairs.insert({t.rank(i), t.peer(i)});
-    if (t.grouped(i)) groups.insert(t.peer(i));
+    if (t.grouped(i)) groups[t.peer(i)] = IsCompute(t.kind(i));
   }
   const int32_t shards = t.num_ranks() > 0 ? t.ranks()[0].gpus : 1;
   for (auto [from, to] : pairs)
     for (int32_t s = 0; s < shards; ++s)
       cp.p2p[{from, to, s}] = add({pm.process(from, s), pm.process(to, s)});
-  for (int32_t g : groups)
+  // Plan groups with the same members share a communicator (vision CP re-forms the same
+  // sub-groups every round), kept apart for gangs and collectives, which run on
+  // different streams.
+  std::map<std::pair<std::vector<int32_t>, bool>, int32_t> same;
+  for (auto [g, gang] : groups)
     for (int32_t s = 0; s < shards; ++s) {
       std::vector<int32_t> procs;
       for (int32_t r : t.group(g)) procs.push_back(pm.process(r, s));
-      cp.group[{g, s}] = add(std::move(procs));
+      std::sort(procs.begin(), procs.end());
+      auto [it, fresh] = same.try_emplace({procs, gang}, -1);
+      if (fresh) it->second = add(std::move(procs));
+      cp.group[{g, s}] = it->second;
     }
   // Rounds: each communicator goes to the first round where none of its members is taken.
   std::vector<std::vector<char>> taken(pm.world);
