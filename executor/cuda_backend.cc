@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "executor/cuda_device.h"
 
@@ -64,13 +65,16 @@ StatusOr<std::string> CudaDeviceName() {
 
 StatusOr<std::vector<std::unique_ptr<Backend>>> MakeCudaBackends(const Table& t) {
   size_t dim = 0, payload = 0;
+  std::set<size_t> dims;
   for (OpId i = 0; i < t.size(); ++i) {
+    if (size_t n = GemmDim(t.work(i), t.ranks()[t.rank(i)].gpus); n > 0) dims.insert(n);
     dim = std::max(dim, GemmDim(t.work(i), t.ranks()[t.rank(i)].gpus));
     payload = std::max(payload, static_cast<size_t>(t.work(i).payload_bytes));
   }
   std::unique_ptr<cudadev::Pool> pool;
   RETURN_IF_ERROR(Check(cudadev::Pool::Create(t.num_ranks(), dim,
                                               std::min<size_t>(payload, size_t{1} << 30), &pool)));
+  RETURN_IF_ERROR(Check(pool->Warmup({dims.begin(), dims.end()})));
   std::shared_ptr<cudadev::Pool> shared = std::move(pool);
   std::vector<std::unique_ptr<Backend>> out;
   for (int32_t r = 0; r < t.num_ranks(); ++r)

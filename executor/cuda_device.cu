@@ -108,6 +108,13 @@ std::string Pool::EnqueueWrite(int rank, size_t bytes) {
   return "";
 }
 
+std::string Pool::Warmup(const std::vector<size_t>& dims) {
+  for (size_t n : dims)
+    if (std::string e = EnqueueGemm(0, n, 1); !e.empty()) return e;
+  if (std::string e = EnqueueWrite(0, 1); !e.empty()) return e;
+  return Err(cudaStreamSynchronize(impl_->streams[0]), "warm-up");
+}
+
 void* Pool::stream(int rank) const {
   return impl_->streams[rank];
 }

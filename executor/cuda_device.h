@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace pipeplan::cudadev {
 
@@ -25,6 +26,10 @@ class Pool {
   std::string EnqueueGemm(int rank, size_t n, int count);
   std::string EnqueueWrite(int rank, size_t bytes);
   void* stream(int rank) const;  // the rank's cudaStream_t
+  // Runs one GEMM of each size and a memory pass on rank 0's stream, then syncs: cuBLAS
+  // and CUDA load kernels on first use, which must not land inside a timed op (nor while
+  // NCCL kernels spin waiting for peers).
+  std::string Warmup(const std::vector<size_t>& dims);
   // Copies `bytes` of src's payload buffer into dst's on dst's stream, then sync.
   std::string Copy(int dst, int src, size_t bytes);
   // Touches `bytes` of the rank's payload buffer (a collective's local traffic), then sync.

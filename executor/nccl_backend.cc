@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
 #include <thread>
 
 #include "executor/cuda_backend.h"
@@ -21,7 +22,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMaxPayload = size_t{1} << 30;  // larger transfers are cut (both sides alike)
-constexpr size_t kSendSlots = 8;                 // send buffers in flight per process
 constexpr size_t kScratch = size_t{256} << 20;   // memory-bound passes write this at a time
 
 Clock::time_point Deadline(double s) {
@@ -48,9 +48,27 @@ Status Taken(ncclResult_t r, ncclComm_t comm, const std::string& what, double ti
     if (Clock::now() > deadline)
       return Internal(fmt::format("{}: timed out after {} s", what, timeout_s));
     std::this_thread::sleep_for(std::chrono::microseconds(20));
-    ncclCommGetAsyncError(comm, &r);
+    if (ncclResult_t q = ncclCommGetAsyncError(comm, &r); q != ncclSuccess) r = q;
   }
   return r == ncclSuccess ? Status::Ok() : NcclError(r, comm, what);
+}
+
+// Waits for `ev` until the deadline, watching NCCL's asynchronous errors on `comm`.
+Status WaitEvent(cudaEvent_t ev, ncclComm_t comm, double timeout_s, const std::string& what) {
+  const auto deadline = Deadline(timeout_s);
+  for (;;) {
+    cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) return Status::Ok();
+    if (e != cudaErrorNotReady) return Cuda(e, what.c_str());
+    if (comm != nullptr) {
+      ncclResult_t r = ncclSuccess;
+      if (ncclResult_t q = ncclCommGetAsyncError(comm, &r); q != ncclSuccess) r = q;
+      if (r != ncclSuccess && r != ncclInProgress) return NcclError(r, comm, what);
+    }
+    if (Clock::now() > deadline)
+      return Internal(fmt::format("timed out after {} s: {}", timeout_s, what));
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
 }
 
 // A byte (1..251) that identifies a SEND, or a group member's contribution, on the wire.
@@ -66,6 +84,14 @@ struct Probe {
   size_t slot;   // byte in the pinned probe buffer
   uint8_t want;  // what must have arrived
   OpId op;       // the transfer (its SEND) or collective it checks
+};
+
+// What a communicator is used for by this process, to connect it before the run.
+struct Usage {
+  size_t send = 0, recv = 0;        // largest transfer this process sends / receives on it
+  std::map<OpKind, size_t> colls;   // largest collective of each kind on it
+  size_t fold = 0;                  // largest folded all-reduce (bf16 elements)
+  bool gang = false;                // gangs start with a barrier on it
 };
 
 class Executor {
@@ -88,13 +114,19 @@ class Executor {
   size_t K(OpId i) const { return i - t_.rank_begin(rank_); }
   ncclComm_t Comm(int32_t c) const { return comms_[c]; }
   int32_t CommOf(OpId i) const;
+  Status Split(int32_t round, int32_t color);
+  Status Connect();
   Status Wait(OpId i, const std::string& waiting_for);
   Status Finish(OpId i);  // waits for an asynchronous op
   Status RunCompute(OpId i);
   Status RunSend(OpId i);
   Status RunRecv(OpId i);
   Status RunCollective(OpId i);
-  Status Alloc(void** p, size_t bytes) { return Cuda(cudaMalloc(p, std::max<size_t>(bytes, 1)), "cudaMalloc"); }
+  Status Collective(OpKind kind, int32_t c, size_t bytes, cudaStream_t s, OpId probe_op);
+  Status Fold(int32_t c, size_t count, int32_t calls, cudaStream_t s);
+  Status Alloc(void** p, size_t bytes) {
+    return Cuda(cudaMalloc(p, std::max<size_t>(bytes, 1)), "cudaMalloc");
+  }
   void AddProbe(cudaStream_t s, const void* dev, size_t offset, uint8_t want, OpId op);
   void Release();
 
@@ -108,19 +140,20 @@ class Executor {
   std::string device_;
   bool failed_ = false;
 
+  ncclConfig_t config_ = NCCL_CONFIG_INITIALIZER;  // non-blocking; NCCL may read it later
   ncclComm_t world_ = nullptr;
   std::vector<ncclComm_t> comms_;
+  ncclComm_t no_comm_ = nullptr;  // NCCL writes a split's "no communicator" here, later
+  std::map<int32_t, Usage> usage_;
   std::unique_ptr<cudadev::Pool> pool_;  // GEMMs and memory-bound passes, compute stream
   cudaStream_t compute_ = nullptr, collective_ = nullptr, recv_ = nullptr;
   std::map<int32_t, cudaStream_t> send_streams_;  // per send communicator
-  std::vector<void*> slots_;                       // send buffers
-  std::vector<OpId> slot_op_;                      // the SEND using each slot
-  size_t next_slot_ = 0;
-  void *recv_buf_ = nullptr, *coll_in_ = nullptr, *coll_out_ = nullptr, *fold_ = nullptr;
+  void *send_buf_ = nullptr, *recv_buf_ = nullptr, *coll_in_ = nullptr, *coll_out_ = nullptr,
+       *fold_ = nullptr;
   std::map<OpId, void*> held_;  // transfers that arrived before their RECV ran
   std::vector<cudaEvent_t> start_, end_;
   std::vector<char> ran_, pending_;
-  cudaEvent_t ref_ = nullptr;
+  cudaEvent_t ref_ = nullptr, mark_ = nullptr;
   double ref_s_ = 0;
   uint8_t* probe_host_ = nullptr;
   size_t probe_slots_ = 0;
@@ -144,6 +177,69 @@ Status Executor::Init(const NcclLaunch& l) {
   RETURN_IF_ERROR(Cuda(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties"));
   device_ = fmt::format("GPU {} ({})", dev, prop.name);
 
+  // What this rank's ops need: GEMM sizes, buffers, probes, and per communicator.
+  const OpId b = t_.rank_begin(rank_), e = t_.rank_end(rank_);
+  std::set<size_t> dims;
+  size_t dim = 0, hbm = 1, send = 0, recv = 0, coll = 0, fold = 0, probes = 0;
+  for (OpId i = b; i < e; ++i) {
+    const Work& w = t_.work(i);
+    const OpKind k = t_.kind(i);
+    const size_t bytes = Bytes(w);
+    if (IsCompute(k)) {
+      const size_t g = GemmDim(w, t_.ranks()[rank_].gpus);
+      if (g > 0) dims.insert(g), dim = std::max(dim, g);
+      hbm = std::max(hbm, static_cast<size_t>(std::min<double>(w.hbm_bytes, kScratch)));
+      if (const int32_t c = CommOf(i); c >= 0) {
+        Usage& u = usage_[c];
+        u.gang = u.gang || t_.grouped(i);
+        if (w.tp_calls > 0 && cp_.members[c].size() > 1) {
+          const double n_ = static_cast<double>(cp_.members[c].size());
+          const size_t count = static_cast<size_t>(std::min<double>(w.tp_bytes, kMaxPayload) /
+                                                   w.tp_calls / (2 * (n_ - 1) / n_) / 2);
+          u.fold = std::max(u.fold, count), fold = std::max(fold, 2 * count);
+        }
+      }
+    }
+    if (IsSend(k)) send = std::max(send, bytes), usage_[CommOf(i)].send = std::max(usage_[CommOf(i)].send, bytes);
+    if (IsRecv(k)) {
+      recv = std::max(recv, bytes), probes += 2;
+      usage_[CommOf(i)].recv = std::max(usage_[CommOf(i)].recv, bytes);
+    }
+    if (IsCollective(k)) {
+      coll = std::max(coll, bytes), probes += std::max<size_t>(2, t_.group(t_.peer(i)).size());
+      size_t& most = usage_[CommOf(i)].colls[k];
+      most = std::max(most, bytes);
+    }
+  }
+  std::string err = cudadev::Pool::Create(1, dim, hbm, &pool_);
+  if (err.empty()) err = pool_->Warmup({dims.begin(), dims.end()});
+  if (!err.empty()) return Internal(err);
+  compute_ = static_cast<cudaStream_t>(pool_->stream(0));
+  RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&collective_, cudaStreamNonBlocking), "stream"));
+  RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&recv_, cudaStreamNonBlocking), "stream"));
+  for (OpId i = b; i < e; ++i)
+    if (IsSend(t_.kind(i)) && !send_streams_.count(CommOf(i)))
+      RETURN_IF_ERROR(Cuda(
+          cudaStreamCreateWithFlags(&send_streams_[CommOf(i)], cudaStreamNonBlocking), "stream"));
+  RETURN_IF_ERROR(Alloc(&send_buf_, send));
+  RETURN_IF_ERROR(Alloc(&recv_buf_, recv));
+  RETURN_IF_ERROR(Alloc(&coll_in_, coll));
+  RETURN_IF_ERROR(Alloc(&coll_out_, coll));
+  RETURN_IF_ERROR(Alloc(&fold_, std::max<size_t>(fold, 16)));  // also a gang's barrier
+  if (check_) {
+    RETURN_IF_ERROR(
+        Cuda(cudaMallocHost(&probe_host_, std::max<size_t>(probes, 1)), "cudaMallocHost"));
+    std::memset(probe_host_, 0, std::max<size_t>(probes, 1));
+  }
+  start_.assign(e - b, nullptr), end_.assign(e - b, nullptr);
+  ran_.assign(e - b, 0), pending_.assign(e - b, 0);
+  for (size_t k = 0; k < start_.size(); ++k) {
+    RETURN_IF_ERROR(Cuda(cudaEventCreate(&start_[k]), "cudaEventCreate"));
+    RETURN_IF_ERROR(Cuda(cudaEventCreate(&end_[k]), "cudaEventCreate"));
+  }
+  RETURN_IF_ERROR(Cuda(cudaEventCreate(&ref_), "cudaEventCreate"));
+  RETURN_IF_ERROR(Cuda(cudaEventCreate(&mark_), "cudaEventCreate"));
+
   // The world communicator, then every communicator this plan needs, one split per round.
   ncclUniqueId id;
   std::string bytes;
@@ -155,71 +251,56 @@ Status Executor::Init(const NcclLaunch& l) {
   RETURN_IF_ERROR(l.share_id(&bytes));
   if (bytes.size() != sizeof id) return Internal("the shared NCCL id has the wrong size");
   std::memcpy(&id, bytes.data(), sizeof id);
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  RETURN_IF_ERROR(Taken(ncclCommInitRankConfig(&world_, l.world, id, me_, &config), world_,
+  config_.blocking = 0;
+  RETURN_IF_ERROR(Taken(ncclCommInitRankConfig(&world_, l.world, id, me_, &config_), world_,
                         fmt::format("joining the NCCL world of {} processes", l.world),
                         o_.op_timeout_s));
   if (me_ == 0 && l.joined) l.joined();
   comms_.assign(cp_.members.size(), nullptr);
   const std::vector<int32_t> colors = cp_.Colors(me_);
-  for (int32_t k = 0; k < cp_.rounds; ++k) {
-    ncclComm_t c = nullptr;
-    ncclResult_t r =
-        ncclCommSplit(world_, colors[k] < 0 ? NCCL_SPLIT_NOCOLOR : colors[k], me_, &c, &config);
-    RETURN_IF_ERROR(Taken(r, c ? c : world_,
-                          fmt::format("creating communicators (round {} of {})", k + 1, cp_.rounds),
-                          o_.op_timeout_s));
-    if (colors[k] >= 0) comms_[colors[k]] = c;
-  }
+  for (int32_t k = 0; k < cp_.rounds; ++k) RETURN_IF_ERROR(Split(k, colors[k]));
+  return Connect();
+}
 
-  // Streams, buffers and events for this rank's ops.
-  const OpId b = t_.rank_begin(rank_), e = t_.rank_end(rank_);
-  size_t dim = 0, hbm = 1, send = 0, recv = 0, coll = 0, fold = 0, probes = 0;
-  for (OpId i = b; i < e; ++i) {
-    const Work& w = t_.work(i);
-    const OpKind k = t_.kind(i);
-    if (IsCompute(k)) {
-      dim = std::max(dim, GemmDim(w, t_.ranks()[rank_].gpus));
-      hbm = std::max(hbm, static_cast<size_t>(std::min<double>(w.hbm_bytes, kScratch)));
-      if (w.tp_calls > 0)
-        fold = std::max(fold, static_cast<size_t>(std::min<double>(w.tp_bytes, kMaxPayload)));
+// NCCL fills the new communicator in from a background job, possibly after the call
+// returns: the handle it writes to lives as long as the executor. The split is done when
+// the parent is no longer in progress.
+Status Executor::Split(int32_t round, int32_t color) {
+  ncclComm_t* out = color >= 0 ? &comms_[color] : &no_comm_;
+  const std::string what =
+      fmt::format("creating communicators (round {} of {})", round + 1, cp_.rounds);
+  RETURN_IF_ERROR(Taken(ncclCommSplit(world_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, me_, out,
+                                      &config_),
+                        world_, what, o_.op_timeout_s));
+  if (color >= 0 && *out == nullptr) return Internal(what + ": no communicator");
+  return color >= 0 ? Taken(ncclInProgress, *out, what, o_.op_timeout_s) : Status::Ok();
+}
+
+// NCCL connects peers on a communicator's first use of each kind, and a non-blocking call
+// then waits on the CPU for them: the first eager SEND or asynchronous collective would
+// wait for its peers. So every communicator is used once here, with the largest transfer
+// or collective of each kind it will carry, in the same global order on every process
+// (which cannot deadlock: the lowest unfinished communicator always has all its members).
+Status Executor::Connect() {
+  for (auto& [c, u] : usage_) {
+    const std::string what = fmt::format("connecting communicator {} of {}", c + 1,
+                                         cp_.members.size());
+    ncclComm_t comm = Comm(c);
+    if (u.send > 0 || u.recv > 0) {
+      const int32_t other = cp_.members[c][cp_.members[c][0] == me_ ? 1 : 0];
+      const int32_t peer = cp_.RankIn(c, other);
+      ncclGroupStart();
+      if (u.send > 0) ncclSend(send_buf_, u.send, ncclInt8, peer, comm, collective_);
+      if (u.recv > 0) ncclRecv(recv_buf_, u.recv, ncclInt8, peer, comm, collective_);
+      RETURN_IF_ERROR(Taken(ncclGroupEnd(), comm, what, o_.op_timeout_s));
     }
-    if (IsSend(k)) send = std::max(send, Bytes(w));
-    if (IsRecv(k)) recv = std::max(recv, Bytes(w)), probes += 2;
-    if (IsCollective(k))
-      coll = std::max(coll, Bytes(w)), probes += std::max<size_t>(2, t_.group(t_.peer(i)).size());
+    for (auto [kind, bytes] : u.colls)
+      RETURN_IF_ERROR(Collective(kind, c, bytes, collective_, UINT32_MAX));
+    if (u.gang || u.fold > 0) RETURN_IF_ERROR(Fold(c, std::max<size_t>(u.fold, 1), 1, collective_));
+    RETURN_IF_ERROR(Cuda(cudaEventRecord(mark_, collective_), "cudaEventRecord"));
+    RETURN_IF_ERROR(WaitEvent(mark_, comm, o_.op_timeout_s, what));
   }
-  std::string err = cudadev::Pool::Create(1, dim, hbm, &pool_);
-  if (!err.empty()) return Internal(err);
-  compute_ = static_cast<cudaStream_t>(pool_->stream(0));
-  RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&collective_, cudaStreamNonBlocking), "stream"));
-  RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&recv_, cudaStreamNonBlocking), "stream"));
-  for (OpId i = b; i < e; ++i)
-    if (IsSend(t_.kind(i)) && !send_streams_.count(CommOf(i)))
-      RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&send_streams_[CommOf(i)],
-                                                     cudaStreamNonBlocking),
-                           "stream"));
-  if (send > 0) {
-    slots_.assign(kSendSlots, nullptr);
-    slot_op_.assign(kSendSlots, UINT32_MAX);
-    for (void*& s : slots_) RETURN_IF_ERROR(Alloc(&s, send));
-  }
-  RETURN_IF_ERROR(Alloc(&recv_buf_, recv));
-  RETURN_IF_ERROR(Alloc(&coll_in_, coll));
-  RETURN_IF_ERROR(Alloc(&coll_out_, coll));
-  RETURN_IF_ERROR(Alloc(&fold_, fold));
-  if (check_) {
-    RETURN_IF_ERROR(Cuda(cudaMallocHost(&probe_host_, std::max<size_t>(probes, 1)), "cudaMallocHost"));
-    std::memset(probe_host_, 0, std::max<size_t>(probes, 1));
-  }
-  start_.assign(e - b, nullptr), end_.assign(e - b, nullptr);
-  ran_.assign(e - b, 0), pending_.assign(e - b, 0);
-  for (size_t k = 0; k < start_.size(); ++k) {
-    RETURN_IF_ERROR(Cuda(cudaEventCreate(&start_[k]), "cudaEventCreate"));
-    RETURN_IF_ERROR(Cuda(cudaEventCreate(&end_[k]), "cudaEventCreate"));
-  }
-  return Cuda(cudaEventCreate(&ref_), "cudaEventCreate");
+  return Status::Ok();
 }
 
 // An all-reduce over every process, waited for: a common start for the clocks.
@@ -227,17 +308,8 @@ Status Executor::Barrier() {
   RETURN_IF_ERROR(Cuda(cudaMemsetAsync(coll_in_, 0, 1, collective_), "cudaMemsetAsync"));
   RETURN_IF_ERROR(Taken(ncclAllReduce(coll_in_, coll_in_, 1, ncclInt8, ncclSum, world_, collective_),
                         world_, "barrier", o_.op_timeout_s));
-  RETURN_IF_ERROR(Cuda(cudaEventRecord(ref_, collective_), "cudaEventRecord"));
-  const auto deadline = Deadline(o_.op_timeout_s);
-  for (;;) {
-    cudaError_t e = cudaEventQuery(ref_);
-    if (e == cudaSuccess) return Status::Ok();
-    if (e != cudaErrorNotReady) return Cuda(e, "barrier");
-    if (Clock::now() > deadline)
-      return Internal(fmt::format("timed out after {} s waiting for every process to start",
-                                  o_.op_timeout_s));
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
+  RETURN_IF_ERROR(Cuda(cudaEventRecord(mark_, collective_), "cudaEventRecord"));
+  return WaitEvent(mark_, world_, o_.op_timeout_s, "waiting for every process to start");
 }
 
 void Executor::SetReference(Clock::time_point t0) {
@@ -256,20 +328,7 @@ int32_t Executor::CommOf(OpId i) const {
 
 Status Executor::Wait(OpId i, const std::string& waiting_for) {
   const int32_t c = CommOf(i);
-  const auto deadline = Deadline(o_.op_timeout_s);
-  for (;;) {
-    cudaError_t e = cudaEventQuery(end_[K(i)]);
-    if (e == cudaSuccess) return Status::Ok();
-    if (e != cudaErrorNotReady) return Cuda(e, "waiting for the GPU");
-    if (c >= 0) {
-      ncclResult_t r = ncclSuccess;
-      ncclCommGetAsyncError(Comm(c), &r);
-      if (r != ncclSuccess && r != ncclInProgress) return NcclError(r, Comm(c), waiting_for);
-    }
-    if (Clock::now() > deadline)
-      return Internal(fmt::format("timed out after {} s: {}", o_.op_timeout_s, waiting_for));
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
+  return WaitEvent(end_[K(i)], c >= 0 ? Comm(c) : nullptr, o_.op_timeout_s, waiting_for);
 }
 
 Status Executor::Finish(OpId i) {
@@ -294,52 +353,63 @@ Status Executor::Run(OpId i) {
   return s;
 }
 
+// `calls` all-reduces of `count` bf16 elements on communicator c, as one NCCL group.
+Status Executor::Fold(int32_t c, size_t count, int32_t calls, cudaStream_t s) {
+  ncclGroupStart();
+  for (int32_t call = 0; call < calls; ++call)
+    ncclAllReduce(fold_, fold_, count, ncclBfloat16, ncclSum, Comm(c), s);
+  return Taken(ncclGroupEnd(), Comm(c), "folded all-reduce", o_.op_timeout_s);
+}
+
 Status Executor::RunCompute(OpId i) {
   const Work& w = t_.work(i);
+  const int32_t c = CommOf(i);
+  const size_t n = c >= 0 ? cp_.members[c].size() : 1;
   RETURN_IF_ERROR(Cuda(cudaEventRecord(start_[K(i)], compute_), "cudaEventRecord"));
+  // A gang's members start together (a one-element all-reduce), as the simulator has them.
+  if (t_.grouped(i) && n > 1) RETURN_IF_ERROR(Fold(c, 1, 1, compute_));
   std::string err = pool_->EnqueueGemm(0, GemmDim(w, t_.ranks()[rank_].gpus),
                                        std::max(1, w.layer_end - w.layer_begin));
   if (err.empty()) err = pool_->EnqueueWrite(0, static_cast<size_t>(std::max(0.0, w.hbm_bytes)));
   if (!err.empty()) return Internal(err);
   // Folded TP/CP collectives (a gang's gather-KV): all-reduces moving tp_bytes per GPU
   // over the ring (2 (n-1)/n of each call's size).
-  const int32_t c = CommOf(i);
-  const size_t n = c >= 0 ? cp_.members[c].size() : 1;
   if (n > 1 && w.tp_calls > 0) {
     const double ring = 2.0 * static_cast<double>(n - 1) / static_cast<double>(n);
     const size_t count = static_cast<size_t>(
         std::min<double>(w.tp_bytes, kMaxPayload) / w.tp_calls / ring / 2);  // bf16 elements
-    for (int32_t call = 0; call < w.tp_calls && count > 0; ++call)
-      RETURN_IF_ERROR(Taken(ncclAllReduce(fold_, fold_, count, ncclBfloat16, ncclSum, Comm(c),
-                                          compute_),
-                            Comm(c), "folded all-reduce", o_.op_timeout_s));
+    if (count > 0) RETURN_IF_ERROR(Fold(c, count, w.tp_calls, compute_));
   }
   RETURN_IF_ERROR(Cuda(cudaEventRecord(end_[K(i)], compute_), "cudaEventRecord"));
   return Wait(i, t_.grouped(i) ? "waiting for the gang's other members" : "the GPU never finished");
 }
 
 void Executor::AddProbe(cudaStream_t s, const void* dev, size_t offset, uint8_t want, OpId op) {
-  if (!check_) return;
+  if (!check_ || op == UINT32_MAX) return;
   const size_t slot = probe_slots_++;
   cudaMemcpyAsync(probe_host_ + slot, static_cast<const uint8_t*>(dev) + offset, 1,
                   cudaMemcpyDeviceToHost, s);
   probes_.push_back({slot, want, op});
 }
 
+// Sends read their buffer only: one shared buffer, unless the check stamps each transfer
+// (then each gets its own, allocated and freed in stream order: no CPU wait).
 Status Executor::RunSend(OpId i) {
   const int32_t c = CommOf(i);
   cudaStream_t s = send_streams_.at(c);
   const size_t bytes = Bytes(t_.work(i));
-  const size_t slot = next_slot_++ % kSendSlots;
-  if (slot_op_[slot] != UINT32_MAX) RETURN_IF_ERROR(Finish(slot_op_[slot]));  // slot reuse
-  slot_op_[slot] = i;
   RETURN_IF_ERROR(Cuda(cudaEventRecord(start_[K(i)], s), "cudaEventRecord"));
   if (bytes > 0) {
-    if (check_)
-      RETURN_IF_ERROR(Cuda(cudaMemsetAsync(slots_[slot], Stamp(i), bytes, s), "cudaMemsetAsync"));
+    void* buf = send_buf_;
+    if (check_) {
+      RETURN_IF_ERROR(Cuda(cudaMallocAsync(&buf, bytes, s), "cudaMallocAsync"));
+      RETURN_IF_ERROR(Cuda(cudaMemsetAsync(buf, Stamp(i), bytes, s), "cudaMemsetAsync"));
+    }
     const int32_t to = cp_.RankIn(c, pm_.process(t_.peer(i), shard_));
-    RETURN_IF_ERROR(Taken(ncclSend(slots_[slot], bytes, ncclInt8, to, Comm(c), s), Comm(c),
-                          "ncclSend", o_.op_timeout_s));
+    Status sent = Taken(ncclSend(buf, bytes, ncclInt8, to, Comm(c), s), Comm(c), "ncclSend",
+                        o_.op_timeout_s);
+    if (check_) cudaFreeAsync(buf, s);
+    RETURN_IF_ERROR(sent);
   }
   RETURN_IF_ERROR(Cuda(cudaEventRecord(end_[K(i)], s), "cudaEventRecord"));
   pending_[K(i)] = 1;  // eager: the next op does not wait for the receiver
@@ -384,40 +454,39 @@ Status Executor::RunRecv(OpId i) {
   return Wait(i, "the matching SEND never came");
 }
 
-Status Executor::RunCollective(OpId i) {
-  const int32_t c = CommOf(i);
+// Enqueues a collective of `bytes` per member on communicator c. With the check, the
+// inputs make the result known: ones that sum to n, or member stamps that land in the
+// member's segment; probes read the result (probe_op = UINT32_MAX: no probes).
+Status Executor::Collective(OpKind kind, int32_t c, size_t bytes, cudaStream_t s, OpId probe_op) {
   ncclComm_t comm = Comm(c);
-  const size_t n = cp_.members[c].size(), me = cp_.RankIn(c, me_);
-  const size_t bytes = Bytes(t_.work(i)), per = bytes / n;
+  const size_t n = cp_.members[c].size(), me = cp_.RankIn(c, me_), per = bytes / n;
   auto* in = static_cast<uint8_t*>(coll_in_);
   auto* out = static_cast<uint8_t*>(coll_out_);
-  cudaStream_t s = collective_;
-  RETURN_IF_ERROR(Cuda(cudaEventRecord(start_[K(i)], s), "cudaEventRecord"));
-  // Contributions whose result is known: ones that sum to n, or member stamps that land
-  // in the member's segment.
   auto fill = [&](void* p, int value, size_t count) {
     return check_ && count > 0 ? Cuda(cudaMemsetAsync(p, value, count, s), "cudaMemsetAsync")
                                : Status::Ok();
   };
   ncclResult_t r = ncclSuccess;
-  switch (t_.kind(i)) {
+  switch (kind) {
     case OpKind::kAllReduce:
       RETURN_IF_ERROR(fill(in, 1, bytes));
       if (bytes > 0) r = ncclAllReduce(in, out, bytes, ncclInt8, ncclSum, comm, s);
-      if (bytes > 0) AddProbe(s, out, bytes - 1, static_cast<uint8_t>(n), i);
+      if (bytes > 0) AddProbe(s, out, bytes - 1, static_cast<uint8_t>(n), probe_op);
       break;
     case OpKind::kReduceScatter:
       RETURN_IF_ERROR(fill(in, 1, per * n));
       if (per > 0) r = ncclReduceScatter(in, out, per, ncclInt8, ncclSum, comm, s);
-      if (per > 0) AddProbe(s, out, per - 1, static_cast<uint8_t>(n), i);
+      if (per > 0) AddProbe(s, out, per - 1, static_cast<uint8_t>(n), probe_op);
       break;
     case OpKind::kAllGather:
       RETURN_IF_ERROR(fill(in, Stamp(me + 1000), per));
       if (per > 0) r = ncclAllGather(in, out, per, ncclInt8, comm, s);
-      for (size_t j = 0; j < n && per > 0; ++j) AddProbe(s, out, j * per, Stamp(j + 1000), i);
+      for (size_t j = 0; j < n && per > 0; ++j)
+        AddProbe(s, out, j * per, Stamp(j + 1000), probe_op);
       break;
     default:  // all-to-all: segment j goes to member j
-      for (size_t j = 0; j < n; ++j) RETURN_IF_ERROR(fill(in + j * per, Stamp(me * n + j + 1), per));
+      for (size_t j = 0; j < n; ++j)
+        RETURN_IF_ERROR(fill(in + j * per, Stamp(me * n + j + 1), per));
       if (per > 0) {
         ncclGroupStart();
         for (size_t j = 0; j < n; ++j) {
@@ -426,11 +495,17 @@ Status Executor::RunCollective(OpId i) {
         }
         r = ncclGroupEnd();
       }
-      for (size_t j = 0; j < n && per > 0; ++j) AddProbe(s, out, j * per, Stamp(j * n + me + 1), i);
+      for (size_t j = 0; j < n && per > 0; ++j)
+        AddProbe(s, out, j * per, Stamp(j * n + me + 1), probe_op);
       break;
   }
-  RETURN_IF_ERROR(Taken(r, comm, fmt::format("{} collective", KindName(t_.kind(i))), o_.op_timeout_s));
-  RETURN_IF_ERROR(Cuda(cudaEventRecord(end_[K(i)], s), "cudaEventRecord"));
+  return Taken(r, comm, fmt::format("{} collective", KindName(kind)), o_.op_timeout_s);
+}
+
+Status Executor::RunCollective(OpId i) {
+  RETURN_IF_ERROR(Cuda(cudaEventRecord(start_[K(i)], collective_), "cudaEventRecord"));
+  RETURN_IF_ERROR(Collective(t_.kind(i), CommOf(i), Bytes(t_.work(i)), collective_, i));
+  RETURN_IF_ERROR(Cuda(cudaEventRecord(end_[K(i)], collective_), "cudaEventRecord"));
   pending_[K(i)] = 1;  // waited for by the ops that depend on it
   return Status::Ok();
 }
@@ -439,21 +514,21 @@ Status Executor::Drain() {
   for (OpId i = t_.rank_begin(rank_); i < t_.rank_end(rank_); ++i)
     if (Status s = Finish(i); !s.ok())
       return Status(s.code(), fmt::format("rank {}: {}: {}", rank_, t_.str(i), s.message()));
-  return Cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  return Status::Ok();
 }
 
-// Device times of the ops that completed: the reference event's host time plus the
-// elapsed GPU time.
+// Device times of the ops that completed: the reference event's host time plus the GPU
+// time elapsed to the op's start, plus the op's own elapsed time.
 void Executor::EventTimes(Timeline* own) const {
   for (OpId i = t_.rank_begin(rank_); i < t_.rank_end(rank_); ++i) {
     const size_t k = K(i);
     if (!ran_[k] || cudaEventQuery(end_[k]) != cudaSuccess) continue;
-    float a = 0, b = 0;
-    if (cudaEventElapsedTime(&a, ref_, start_[k]) != cudaSuccess ||
-        cudaEventElapsedTime(&b, ref_, end_[k]) != cudaSuccess)
+    float to_start = 0, length = 0;
+    if (cudaEventElapsedTime(&to_start, ref_, start_[k]) != cudaSuccess ||
+        cudaEventElapsedTime(&length, start_[k], end_[k]) != cudaSuccess)
       continue;
-    own->start[i] = ref_s_ + a / 1e3;
-    own->end[i] = ref_s_ + b / 1e3;
+    own->start[i] = ref_s_ + to_start / 1e3;
+    own->end[i] = own->start[i] + length / 1e3;
   }
 }
 
@@ -468,29 +543,34 @@ StatusOr<NcclResult> Executor::Gather(const Timeline& own) {
   std::vector<double> mine(row, -1.0), all(row * pm_.world);
   for (OpId i = t_.rank_begin(rank_), k = 0; i < t_.rank_end(rank_); ++i, ++k)
     mine[2 * k] = own.start[i], mine[2 * k + 1] = own.end[i];
-  int64_t bad = 0;
-  for (const Probe& p : probes_)
-    if (probe_host_[p.slot] != p.want && bad++ == 0)
+  // Transfers and collectives checked, and how many of them went wrong.
+  std::set<OpId> checked, bad;
+  for (const Probe& p : probes_) {
+    checked.insert(p.op);
+    if (probe_host_[p.slot] != p.want && bad.insert(p.op).second && res.mismatch.empty())
       res.mismatch = fmt::format("rank {}: {}: byte {} arrived where {} was sent", rank_,
                                  t_.str(p.op), probe_host_[p.slot], p.want);
-  int64_t checked = 0;
-  for (size_t k = 0; k < probes_.size(); ++k)
-    checked += k == 0 || probes_[k].op != probes_[k - 1].op;
-  mine[row - 2] = static_cast<double>(checked), mine[row - 1] = static_cast<double>(bad);
+  }
+  mine[row - 2] = static_cast<double>(checked.size());
+  mine[row - 1] = static_cast<double>(bad.size());
   void *dev_in = nullptr, *dev_out = nullptr;
-  RETURN_IF_ERROR(Alloc(&dev_in, row * sizeof(double)));
-  RETURN_IF_ERROR(Alloc(&dev_out, all.size() * sizeof(double)));
-  Status s = Cuda(cudaMemcpy(dev_in, mine.data(), row * sizeof(double), cudaMemcpyHostToDevice),
-                  "cudaMemcpy");
+  Status s = Alloc(&dev_in, row * sizeof(double));
+  if (s.ok()) s = Alloc(&dev_out, all.size() * sizeof(double));
+  if (s.ok())
+    s = Cuda(cudaMemcpy(dev_in, mine.data(), row * sizeof(double), cudaMemcpyHostToDevice),
+             "cudaMemcpy");
   if (s.ok())
     s = Taken(ncclAllGather(dev_in, dev_out, row, ncclFloat64, world_, collective_), world_,
               "gathering the timelines", o_.op_timeout_s);
-  if (s.ok()) s = Cuda(cudaStreamSynchronize(collective_), "gathering the timelines");
+  if (s.ok()) s = Cuda(cudaEventRecord(mark_, collective_), "cudaEventRecord");
+  if (s.ok())
+    s = WaitEvent(mark_, world_, o_.op_timeout_s,
+                  "gathering the timelines: another process did not finish");
   if (s.ok())
     s = Cuda(cudaMemcpy(all.data(), dev_out, all.size() * sizeof(double), cudaMemcpyDeviceToHost),
              "cudaMemcpy");
-  cudaFree(dev_in), cudaFree(dev_out);
-  RETURN_IF_ERROR(s);
+  if (s.ok()) cudaFree(dev_in), cudaFree(dev_out);  // else the abort comes first
+  if (!s.ok()) return Status(s.code(), fmt::format("process {}: {}", me_, s.message()));
   // An op of a rank with several GPUs spans its first start to its last end.
   res.merged.start.assign(t_.size(), -1.0), res.merged.end.assign(t_.size(), -1.0);
   for (int32_t p = 0; p < pm_.world; ++p) {
@@ -515,26 +595,24 @@ void Executor::Release() {
   for (ncclComm_t c : all) {
     if (c == nullptr) continue;
     bool clean = !failed_;
-    if (clean) {
-      ncclResult_t r = ncclCommFinalize(c);
-      clean = Taken(r, c, "finalize", o_.op_timeout_s).ok();
-    }
+    if (clean) clean = Taken(ncclCommFinalize(c), c, "finalize", o_.op_timeout_s).ok();
     if (clean)
       ncclCommDestroy(c);
     else
       ncclCommAbort(c);
   }
   comms_.clear(), world_ = nullptr;
+  cudaDeviceSynchronize();  // nothing of ours is still reading a buffer freed below
   for (auto& [op, buf] : held_) cudaFree(buf);
-  for (void* p : slots_) cudaFree(p);
-  for (void* p : {recv_buf_, coll_in_, coll_out_, fold_}) cudaFree(p);
+  for (void* p : {send_buf_, recv_buf_, coll_in_, coll_out_, fold_}) cudaFree(p);
   for (auto& [c, s] : send_streams_) cudaStreamDestroy(s);
   if (collective_) cudaStreamDestroy(collective_);
   if (recv_) cudaStreamDestroy(recv_);
   for (auto* v : {&start_, &end_})
     for (cudaEvent_t e : *v)
       if (e) cudaEventDestroy(e);
-  if (ref_) cudaEventDestroy(ref_);
+  for (cudaEvent_t e : {ref_, mark_})
+    if (e) cudaEventDestroy(e);
   if (probe_host_) cudaFreeHost(probe_host_);
   pool_.reset();
 }
@@ -561,7 +639,9 @@ StatusOr<NcclResult> RunNccl(const Table& t, const NcclLaunch& launch, const Run
     ex.MarkFailed();
     return s;
   }
-  return ex.Gather(*own);
+  auto res = ex.Gather(*own);
+  if (!res.ok()) ex.MarkFailed();
+  return res;
 }
 
 }  // namespace pipeplan

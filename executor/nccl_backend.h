@@ -8,8 +8,12 @@
 //     the sender's earlier transfers first (ReceiveOrder) and holds them;
 //   - collectives: the matching NCCL collective over the group's communicator (all-to-all as
 //     grouped send/recv), asynchronous, waited for by the ops that depend on them.
-// Every op is timed with CUDA events; every wait is bounded by the op timeout and polls
-// NCCL's asynchronous errors, and a failure aborts the communicators (never a hang).
+// Before the clocks start, every communicator is connected by one use of each kind it will
+// carry (NCCL connects lazily, which would make the first eager send wait for its peer),
+// and every GEMM size runs once (kernels load lazily). Every op is timed with CUDA events;
+// communicators are non-blocking so that every wait, joining included, is bounded by the
+// op timeout and polls NCCL's asynchronous errors; a failure aborts the communicators
+// (never a hang).
 // With `check`, every transfer carries a stamp of its SEND and every collective a value
 // whose result is known, and every receiver verifies what arrived.
 #pragma once
