@@ -149,7 +149,8 @@ class Executor {
   cudaStream_t compute_ = nullptr, collective_ = nullptr, recv_ = nullptr;
   std::map<int32_t, cudaStream_t> send_streams_;  // per send communicator
   void *send_buf_ = nullptr, *recv_buf_ = nullptr, *coll_in_ = nullptr, *coll_out_ = nullptr,
-       *fold_ = nullptr;
+       *fold_ = nullptr, *gather_in_ = nullptr, *gather_out_ = nullptr;
+  size_t row_ = 0;  // doubles per process in the final gather
   std::map<OpId, void*> held_;  // transfers that arrived before their RECV ran
   std::vector<cudaEvent_t> start_, end_;
   std::vector<char> ran_, pending_;
@@ -239,6 +240,13 @@ Status Executor::Init(const NcclLaunch& l) {
   }
   RETURN_IF_ERROR(Cuda(cudaEventCreate(&ref_), "cudaEventCreate"));
   RETURN_IF_ERROR(Cuda(cudaEventCreate(&mark_), "cudaEventCreate"));
+  // The final gather: (start, end) per op of the longest sequence, + [checked, bad].
+  size_t longest = 0;
+  for (int32_t r = 0; r < t_.num_ranks(); ++r)
+    longest = std::max<size_t>(longest, t_.rank_end(r) - t_.rank_begin(r));
+  row_ = 2 * longest + 2;
+  RETURN_IF_ERROR(Alloc(&gather_in_, row_ * sizeof(double)));
+  RETURN_IF_ERROR(Alloc(&gather_out_, row_ * pm_.world * sizeof(double)));
 
   // The world communicator, then every communicator this plan needs, one split per round.
   ncclUniqueId id;
@@ -300,7 +308,12 @@ Status Executor::Connect() {
     RETURN_IF_ERROR(Cuda(cudaEventRecord(mark_, collective_), "cudaEventRecord"));
     RETURN_IF_ERROR(WaitEvent(mark_, comm, o_.op_timeout_s, what));
   }
-  return Status::Ok();
+  // The world communicator carries the final gather.
+  RETURN_IF_ERROR(Taken(ncclAllGather(gather_in_, gather_out_, row_, ncclFloat64, world_,
+                                      collective_),
+                        world_, "connecting the world communicator", o_.op_timeout_s));
+  RETURN_IF_ERROR(Cuda(cudaEventRecord(mark_, collective_), "cudaEventRecord"));
+  return WaitEvent(mark_, world_, o_.op_timeout_s, "connecting the world communicator");
 }
 
 // An all-reduce over every process, waited for: a common start for the clocks.
@@ -536,10 +549,7 @@ StatusOr<NcclResult> Executor::Gather(const Timeline& own) {
   NcclResult res;
   res.device = device_;
   // Every process's (start, end) per op of its rank, padded to the longest sequence.
-  size_t longest = 0;
-  for (int32_t r = 0; r < t_.num_ranks(); ++r)
-    longest = std::max<size_t>(longest, t_.rank_end(r) - t_.rank_begin(r));
-  const size_t row = 2 * longest + 2;  // + [checked, bad]
+  const size_t row = row_;
   std::vector<double> mine(row, -1.0), all(row * pm_.world);
   for (OpId i = t_.rank_begin(rank_), k = 0; i < t_.rank_end(rank_); ++i, ++k)
     mine[2 * k] = own.start[i], mine[2 * k + 1] = own.end[i];
@@ -553,23 +563,19 @@ StatusOr<NcclResult> Executor::Gather(const Timeline& own) {
   }
   mine[row - 2] = static_cast<double>(checked.size());
   mine[row - 1] = static_cast<double>(bad.size());
-  void *dev_in = nullptr, *dev_out = nullptr;
-  Status s = Alloc(&dev_in, row * sizeof(double));
-  if (s.ok()) s = Alloc(&dev_out, all.size() * sizeof(double));
+  Status s = Cuda(cudaMemcpy(gather_in_, mine.data(), row * sizeof(double), cudaMemcpyHostToDevice),
+                  "cudaMemcpy");
   if (s.ok())
-    s = Cuda(cudaMemcpy(dev_in, mine.data(), row * sizeof(double), cudaMemcpyHostToDevice),
-             "cudaMemcpy");
-  if (s.ok())
-    s = Taken(ncclAllGather(dev_in, dev_out, row, ncclFloat64, world_, collective_), world_,
-              "gathering the timelines", o_.op_timeout_s);
+    s = Taken(ncclAllGather(gather_in_, gather_out_, row, ncclFloat64, world_, collective_),
+              world_, "gathering the timelines", o_.op_timeout_s);
   if (s.ok()) s = Cuda(cudaEventRecord(mark_, collective_), "cudaEventRecord");
   if (s.ok())
     s = WaitEvent(mark_, world_, o_.op_timeout_s,
                   "gathering the timelines: another process did not finish");
   if (s.ok())
-    s = Cuda(cudaMemcpy(all.data(), dev_out, all.size() * sizeof(double), cudaMemcpyDeviceToHost),
+    s = Cuda(cudaMemcpy(all.data(), gather_out_, all.size() * sizeof(double),
+                        cudaMemcpyDeviceToHost),
              "cudaMemcpy");
-  if (s.ok()) cudaFree(dev_in), cudaFree(dev_out);  // else the abort comes first
   if (!s.ok()) return Status(s.code(), fmt::format("process {}: {}", me_, s.message()));
   // An op of a rank with several GPUs spans its first start to its last end.
   res.merged.start.assign(t_.size(), -1.0), res.merged.end.assign(t_.size(), -1.0);
@@ -604,7 +610,8 @@ void Executor::Release() {
   comms_.clear(), world_ = nullptr;
   cudaDeviceSynchronize();  // nothing of ours is still reading a buffer freed below
   for (auto& [op, buf] : held_) cudaFree(buf);
-  for (void* p : {send_buf_, recv_buf_, coll_in_, coll_out_, fold_}) cudaFree(p);
+  for (void* p : {send_buf_, recv_buf_, coll_in_, coll_out_, fold_, gather_in_, gather_out_})
+    cudaFree(p);
   for (auto& [c, s] : send_streams_) cudaStreamDestroy(s);
   if (collective_) cudaStreamDestroy(collective_);
   if (recv_) cudaStreamDestroy(recv_);
