@@ -39,13 +39,22 @@ StatusOr<CheckResult> RunCuda(const Table& t, const RunOptions& o, Timeline* mea
 #endif
 }
 
-// Rank and world size from Slurm or Open MPI, else from the options (-1 = not set).
-std::pair<int, int> LaunchRank(int rank, int world) {
+// Rank and world size: --rank and --world when given (-1 = not), else Slurm's or Open
+// MPI's, else process 0 of 1.
+StatusOr<std::pair<int, int>> LaunchRank(int rank, int world) {
+  if ((rank >= 0) != (world >= 0))
+    return InvalidInput("--rank and --world are given together");
+  if (world >= 0) {
+    if (world < 1 || rank >= world)
+      return InvalidInput(
+          fmt::format("--rank {} --world {}: expected 0 <= rank < world", rank, world));
+    return std::pair{rank, world};
+  }
   for (auto [r, w] : {std::pair{"SLURM_PROCID", "SLURM_NTASKS"},
                       std::pair{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}})
     if (const char* rv = std::getenv(r); rv && std::getenv(w))
-      return {std::atoi(rv), std::atoi(std::getenv(w))};
-  return {rank, world};
+      return std::pair{std::atoi(rv), std::atoi(std::getenv(w))};
+  return std::pair{0, 1};
 }
 
 // The process's index among those on its node (selects its GPU).
@@ -124,13 +133,16 @@ int RunMultiProcess(const ExecOptions& o, const Table& t, int rank, int world) {
 // travels through MPI, or through a file in --rendezvous DIR.
 int RunNcclMode(const ExecOptions& o, const Table& t, int rank, int world) {
 #ifdef PIPEPLAN_HAS_NCCL
-  if (world < 1) world = 1, rank = 0;
   NcclLaunch l;
   l.process = rank, l.world = world, l.local_rank = LocalRank(rank);
   bool mpi = false;
   FileRendezvous fr{o.rendezvous,
                     o.rendezvous_key.empty() ? DefaultRendezvousKey() : o.rendezvous_key,
                     o.timeout_s};
+  if (!o.rendezvous.empty() && fr.key.empty())
+    return Report(InvalidInput(
+        "--rendezvous outside Slurm needs --rendezvous-key KEY, the same in every process of "
+        "this run and unique to it (a leftover file of an earlier run would be read)"));
   if (!o.rendezvous.empty()) {
     l.share_id = [fr, rank, world](std::string* id) {
       return ShareThroughFile(fr, rank, world, id);
@@ -153,18 +165,22 @@ int RunNcclMode(const ExecOptions& o, const Table& t, int rank, int world) {
   ro.fault_rank = o.fault_rank;
   Timeline own;
   auto r = RunNccl(t, l, ro, o.check, &own);
-  auto finish = [&](int code) {
+  if (rank == 0 && !o.rendezvous.empty()) RemoveRendezvousFile(fr);  // also after a failure
+  // A failed process aborts the MPI job (its peers stop at once rather than at their
+  // timeouts); a failed check is a result, reported by process 0 like a pass.
+  auto finish = [&](int code, bool failed) {
 #ifdef PIPEPLAN_HAS_MPI
-    if (mpi && code != 0) MpiAbort(code);
+    if (mpi && failed) MpiAbort(code);
     if (mpi) MpiFinalize();
 #endif
+    (void)failed;
     return code;
   };
   if (!r.ok()) {
     int code = Report(r.status());
     WritePartialTrace(o.trace, t, own,
                       fmt::format("{}{}", t.ranks()[0].gpus > 1 ? "gpu" : "rank", rank));
-    return finish(code);
+    return finish(code, true);
   }
   if (!r->mismatch.empty()) fmt::print(stderr, "error: transfer check: {}\n", r->mismatch);
   int code = o.check && r->bad > 0 ? 1 : 0;
@@ -182,7 +198,7 @@ int RunNcclMode(const ExecOptions& o, const Table& t, int rank, int world) {
                  r->checked, r->bad, r->bad == 0 ? "PASS" : "FAIL");
     if (!o.trace.empty()) fmt::print("trace: {}\n", o.trace);
   }
-  return finish(code);
+  return finish(code, false);
 #else
   (void)o, (void)t;
   return Report(Internal(fmt::format(
@@ -203,7 +219,7 @@ Command MakeExecuteCommand() {
         ->check(CLI::IsMember({"cpu", "cuda"}));
     app->add_option("--local-ranks", o->local_ranks, "run all N ranks as threads of this process");
     app->add_option("--rank", o->rank,
-                    "this process's rank (else SLURM_PROCID / OMPI_COMM_WORLD_RANK)");
+                    "this process's rank, with --world (else SLURM_PROCID / OMPI_COMM_WORLD_RANK)");
     app->add_option("--world", o->world,
                     "number of processes (else SLURM_NTASKS / OMPI_COMM_WORLD_SIZE)");
     app->add_flag("--check", o->check,
@@ -231,7 +247,9 @@ Command MakeExecuteCommand() {
     if (Status v = ValidatePlan(*t); !v.ok())
       return Report(Status(v.code(), fmt::format("{}: {}", o->plan, v.message())));
 
-    auto [rank, world] = LaunchRank(o->rank, o->world);
+    auto launch = LaunchRank(o->rank, o->world);
+    if (!launch.ok()) return Report(launch.status());
+    auto [rank, world] = *launch;
     if (o->backend == "cuda" && o->local_ranks == 0 && (o->nccl || world > 1))
       return RunNcclMode(*o, *t, rank, world);
     if (o->nccl) return Report(InvalidInput("--nccl needs --backend cuda and no --local-ranks"));

@@ -80,6 +80,15 @@ size_t Bytes(const Work& w) {
   return static_cast<size_t>(std::clamp(w.payload_bytes, 0.0, static_cast<double>(kMaxPayload)));
 }
 
+// Folded TP/CP collectives (a gang's gather-KV) as all-reduces over n GPUs: bf16 elements
+// per call such that the calls move the op's tp_bytes per GPU over the ring (2 (n-1)/n of
+// each call's size). 0: none.
+size_t FoldCount(const Work& w, size_t n) {
+  if (n < 2 || w.tp_calls <= 0) return 0;
+  const double ring = 2.0 * static_cast<double>(n - 1) / static_cast<double>(n);
+  return static_cast<size_t>(std::min<double>(w.tp_bytes, kMaxPayload) / w.tp_calls / ring / 2);
+}
+
 struct Probe {
   size_t slot;   // byte in the pinned probe buffer
   uint8_t want;  // what must have arrived
@@ -87,11 +96,12 @@ struct Probe {
 };
 
 // What a communicator is used for by this process, to connect it before the run.
+// NCCL connects what the algorithm it picks for a call needs, and the pick depends on the
+// size: every distinct (kind, size) is used once.
 struct Usage {
-  size_t send = 0, recv = 0;        // largest transfer this process sends / receives on it
-  std::map<OpKind, size_t> colls;   // largest collective of each kind on it
-  size_t fold = 0;                  // largest folded all-reduce (bf16 elements)
-  bool gang = false;                // gangs start with a barrier on it
+  size_t send = 0, recv = 0;                    // largest transfer sent / received on it
+  std::set<std::pair<OpKind, size_t>> colls;    // collectives: kind, bytes per member
+  std::set<size_t> folds;                       // all-reduces of bf16 elements (1: a gang's barrier)
 };
 
 class Executor {
@@ -192,13 +202,9 @@ Status Executor::Init(const NcclLaunch& l) {
       hbm = std::max(hbm, static_cast<size_t>(std::min<double>(w.hbm_bytes, kScratch)));
       if (const int32_t c = CommOf(i); c >= 0) {
         Usage& u = usage_[c];
-        u.gang = u.gang || t_.grouped(i);
-        if (w.tp_calls > 0 && cp_.members[c].size() > 1) {
-          const double n_ = static_cast<double>(cp_.members[c].size());
-          const size_t count = static_cast<size_t>(std::min<double>(w.tp_bytes, kMaxPayload) /
-                                                   w.tp_calls / (2 * (n_ - 1) / n_) / 2);
-          u.fold = std::max(u.fold, count), fold = std::max(fold, 2 * count);
-        }
+        if (t_.grouped(i) && cp_.members[c].size() > 1) u.folds.insert(1);
+        if (const size_t count = FoldCount(w, cp_.members[c].size()); count > 0)
+          u.folds.insert(count), fold = std::max(fold, 2 * count);
       }
     }
     if (IsSend(k)) send = std::max(send, bytes), usage_[CommOf(i)].send = std::max(usage_[CommOf(i)].send, bytes);
@@ -208,8 +214,7 @@ Status Executor::Init(const NcclLaunch& l) {
     }
     if (IsCollective(k)) {
       coll = std::max(coll, bytes), probes += std::max<size_t>(2, t_.group(t_.peer(i)).size());
-      size_t& most = usage_[CommOf(i)].colls[k];
-      most = std::max(most, bytes);
+      usage_[CommOf(i)].colls.insert({k, bytes});
     }
   }
   std::string err = cudadev::Pool::Create(1, dim, hbm, &pool_);
@@ -260,7 +265,9 @@ Status Executor::Init(const NcclLaunch& l) {
   if (bytes.size() != sizeof id) return Internal("the shared NCCL id has the wrong size");
   std::memcpy(&id, bytes.data(), sizeof id);
   config_.blocking = 0;
-  RETURN_IF_ERROR(Taken(ncclCommInitRankConfig(&world_, l.world, id, me_, &config_), world_,
+  // world_ is set by the call: read it only after (argument order is unspecified).
+  const ncclResult_t joined = ncclCommInitRankConfig(&world_, l.world, id, me_, &config_);
+  RETURN_IF_ERROR(Taken(joined, world_,
                         fmt::format("joining the NCCL world of {} processes", l.world),
                         o_.op_timeout_s));
   if (me_ == 0 && l.joined) l.joined();
@@ -304,7 +311,7 @@ Status Executor::Connect() {
     }
     for (auto [kind, bytes] : u.colls)
       RETURN_IF_ERROR(Collective(kind, c, bytes, collective_, UINT32_MAX));
-    if (u.gang || u.fold > 0) RETURN_IF_ERROR(Fold(c, std::max<size_t>(u.fold, 1), 1, collective_));
+    for (size_t count : u.folds) RETURN_IF_ERROR(Fold(c, count, 1, collective_));
     RETURN_IF_ERROR(Cuda(cudaEventRecord(mark_, collective_), "cudaEventRecord"));
     RETURN_IF_ERROR(WaitEvent(mark_, comm, o_.op_timeout_s, what));
   }
@@ -378,21 +385,16 @@ Status Executor::RunCompute(OpId i) {
   const Work& w = t_.work(i);
   const int32_t c = CommOf(i);
   const size_t n = c >= 0 ? cp_.members[c].size() : 1;
-  RETURN_IF_ERROR(Cuda(cudaEventRecord(start_[K(i)], compute_), "cudaEventRecord"));
-  // A gang's members start together (a one-element all-reduce), as the simulator has them.
+  // A gang's members start together (a one-element all-reduce), as the simulator has them:
+  // the op starts when the last member is ready.
   if (t_.grouped(i) && n > 1) RETURN_IF_ERROR(Fold(c, 1, 1, compute_));
+  RETURN_IF_ERROR(Cuda(cudaEventRecord(start_[K(i)], compute_), "cudaEventRecord"));
   std::string err = pool_->EnqueueGemm(0, GemmDim(w, t_.ranks()[rank_].gpus),
                                        std::max(1, w.layer_end - w.layer_begin));
   if (err.empty()) err = pool_->EnqueueWrite(0, static_cast<size_t>(std::max(0.0, w.hbm_bytes)));
   if (!err.empty()) return Internal(err);
-  // Folded TP/CP collectives (a gang's gather-KV): all-reduces moving tp_bytes per GPU
-  // over the ring (2 (n-1)/n of each call's size).
-  if (n > 1 && w.tp_calls > 0) {
-    const double ring = 2.0 * static_cast<double>(n - 1) / static_cast<double>(n);
-    const size_t count = static_cast<size_t>(
-        std::min<double>(w.tp_bytes, kMaxPayload) / w.tp_calls / ring / 2);  // bf16 elements
-    if (count > 0) RETURN_IF_ERROR(Fold(c, count, w.tp_calls, compute_));
-  }
+  if (const size_t count = FoldCount(w, n); count > 0)
+    RETURN_IF_ERROR(Fold(c, count, w.tp_calls, compute_));
   RETURN_IF_ERROR(Cuda(cudaEventRecord(end_[K(i)], compute_), "cudaEventRecord"));
   return Wait(i, t_.grouped(i) ? "waiting for the gang's other members" : "the GPU never finished");
 }
@@ -479,23 +481,23 @@ Status Executor::Collective(OpKind kind, int32_t c, size_t bytes, cudaStream_t s
     return check_ && count > 0 ? Cuda(cudaMemsetAsync(p, value, count, s), "cudaMemsetAsync")
                                : Status::Ok();
   };
+  std::vector<std::pair<size_t, uint8_t>> expect;  // (offset in out, byte) once it ran
   ncclResult_t r = ncclSuccess;
   switch (kind) {
     case OpKind::kAllReduce:
       RETURN_IF_ERROR(fill(in, 1, bytes));
       if (bytes > 0) r = ncclAllReduce(in, out, bytes, ncclInt8, ncclSum, comm, s);
-      if (bytes > 0) AddProbe(s, out, bytes - 1, static_cast<uint8_t>(n), probe_op);
+      if (bytes > 0) expect.push_back({bytes - 1, static_cast<uint8_t>(n)});
       break;
     case OpKind::kReduceScatter:
       RETURN_IF_ERROR(fill(in, 1, per * n));
       if (per > 0) r = ncclReduceScatter(in, out, per, ncclInt8, ncclSum, comm, s);
-      if (per > 0) AddProbe(s, out, per - 1, static_cast<uint8_t>(n), probe_op);
+      if (per > 0) expect.push_back({per - 1, static_cast<uint8_t>(n)});
       break;
     case OpKind::kAllGather:
       RETURN_IF_ERROR(fill(in, Stamp(me + 1000), per));
       if (per > 0) r = ncclAllGather(in, out, per, ncclInt8, comm, s);
-      for (size_t j = 0; j < n && per > 0; ++j)
-        AddProbe(s, out, j * per, Stamp(j + 1000), probe_op);
+      for (size_t j = 0; j < n && per > 0; ++j) expect.push_back({j * per, Stamp(j + 1000)});
       break;
     default:  // all-to-all: segment j goes to member j
       for (size_t j = 0; j < n; ++j)
@@ -508,11 +510,13 @@ Status Executor::Collective(OpKind kind, int32_t c, size_t bytes, cudaStream_t s
         }
         r = ncclGroupEnd();
       }
-      for (size_t j = 0; j < n && per > 0; ++j)
-        AddProbe(s, out, j * per, Stamp(j * n + me + 1), probe_op);
+      for (size_t j = 0; j < n && per > 0; ++j) expect.push_back({j * per, Stamp(j * n + me + 1)});
       break;
   }
-  return Taken(r, comm, fmt::format("{} collective", KindName(kind)), o_.op_timeout_s);
+  // A non-blocking call puts its kernel on the stream only once taken: probes go after.
+  RETURN_IF_ERROR(Taken(r, comm, fmt::format("{} collective", KindName(kind)), o_.op_timeout_s));
+  for (auto [offset, want] : expect) AddProbe(s, out, offset, want, probe_op);
+  return Status::Ok();
 }
 
 Status Executor::RunCollective(OpId i) {
@@ -563,8 +567,11 @@ StatusOr<NcclResult> Executor::Gather(const Timeline& own) {
   }
   mine[row - 2] = static_cast<double>(checked.size());
   mine[row - 1] = static_cast<double>(bad.size());
-  Status s = Cuda(cudaMemcpy(gather_in_, mine.data(), row * sizeof(double), cudaMemcpyHostToDevice),
-                  "cudaMemcpy");
+  // On the gather's own stream: a plain cudaMemcpy from pageable memory may return before
+  // the data lands, and the non-blocking stream would not wait for it.
+  Status s = Cuda(cudaMemcpyAsync(gather_in_, mine.data(), row * sizeof(double),
+                                  cudaMemcpyHostToDevice, collective_),
+                  "cudaMemcpyAsync");
   if (s.ok())
     s = Taken(ncclAllGather(gather_in_, gather_out_, row, ncclFloat64, world_, collective_),
               world_, "gathering the timelines", o_.op_timeout_s);
@@ -608,11 +615,13 @@ void Executor::Release() {
       ncclCommAbort(c);
   }
   comms_.clear(), world_ = nullptr;
+  if (device_.empty()) return;  // no device was set: nothing else was made
   cudaDeviceSynchronize();  // nothing of ours is still reading a buffer freed below
   for (auto& [op, buf] : held_) cudaFree(buf);
   for (void* p : {send_buf_, recv_buf_, coll_in_, coll_out_, fold_, gather_in_, gather_out_})
     cudaFree(p);
-  for (auto& [c, s] : send_streams_) cudaStreamDestroy(s);
+  for (auto& [c, s] : send_streams_)
+    if (s) cudaStreamDestroy(s);
   if (collective_) cudaStreamDestroy(collective_);
   if (recv_) cudaStreamDestroy(recv_);
   for (auto* v : {&start_, &end_})

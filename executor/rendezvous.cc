@@ -39,7 +39,7 @@ bool Unhex(const std::string& hex, std::string* bytes) {
 std::string DefaultRendezvousKey() {
   const char* job = std::getenv("SLURM_JOB_ID");
   const char* step = std::getenv("SLURM_STEP_ID");
-  if (job == nullptr) return "local";
+  if (job == nullptr) return "";
   return step ? fmt::format("{}.{}", job, step) : std::string(job);
 }
 

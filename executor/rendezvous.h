@@ -16,7 +16,7 @@ struct FileRendezvous {
   std::string path() const { return dir + "/pipeplan-nccl-id." + key; }
 };
 
-// The default key: SLURM_JOB_ID.SLURM_STEP_ID, else "local".
+// The default key: SLURM_JOB_ID.SLURM_STEP_ID, else "" (none: the caller must give one).
 std::string DefaultRendezvousKey();
 
 // Process 0 writes `*id` (atomically); the others wait for the file and read it into *id.

@@ -51,10 +51,10 @@ if [ "$gpus" -ge 2 ]; then
   run "$bin" plan configs/gpu_check.yaml --set parallelism.pp="$gpus" --set cluster.gpus_per_node="$gpus" -o "$work/ppn.pb"
   run "$bin" simulate "$work/ppn.pb" --trace "$work/ppn-sim.json"
   for ((p = 1; p < gpus; p++)); do
-    "$bin" execute "$work/ppn.pb" --backend cuda --rank "$p" --world "$gpus" --rendezvous "$work" \
+    "$bin" execute "$work/ppn.pb" --backend cuda --rank "$p" --world "$gpus" --rendezvous "$work" --rendezvous-key "check$$" \
       --check --timeout 120 >"$work/ppn-$p.log" 2>&1 &
   done
-  run "$bin" execute "$work/ppn.pb" --backend cuda --rank 0 --world "$gpus" --rendezvous "$work" \
+  run "$bin" execute "$work/ppn.pb" --backend cuda --rank 0 --world "$gpus" --rendezvous "$work" --rendezvous-key "check$$" \
     --check --timeout 120 --trace "$work/ppn-nccl.json" || true
   wait
   run cat "$work"/ppn-*.log

@@ -117,7 +117,11 @@ OpId Find(const Table& t, const std::string& op) {
 }
 
 RunResult RunCli(const std::string& args) {
-  std::string cmd = fmt::format("{} {} 2>&1", PIPEPLAN_BIN, args);
+  return RunShell(fmt::format("{} {}", PIPEPLAN_BIN, args));
+}
+
+RunResult RunShell(const std::string& command) {
+  std::string cmd = command + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
   std::string out;

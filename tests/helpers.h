@@ -29,7 +29,8 @@ struct RunResult {
   int exit_code;
   std::string out;  // stdout + stderr
 };
-RunResult RunCli(const std::string& args);
+RunResult RunCli(const std::string& args);  // the pipeplan binary with these arguments
+RunResult RunShell(const std::string& command);
 std::string TempDir();
 std::string Slurp(const std::string& path);
 bool Exists(const std::string& path);

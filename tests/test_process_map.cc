@@ -221,16 +221,28 @@ TEST_CASE("execute --backend cuda, one process per GPU: errors are clear and not
               .exit_code == 0);
   // The world must be the plan's GPU count; said before any GPU or network is touched.
   RunResult r = RunCli("execute " + dir + "/p.pb --backend cuda --rank 0 --world 3 --rendezvous " +
-                       dir + " --timeout 5");
+                       dir + " --rendezvous-key t1 --timeout 5");
   CHECK(r.exit_code != 0);
   CHECK_MESSAGE((r.out.find("3 processes for a plan of 4 ranks holding 4 GPUs") !=
                      std::string::npos ||
                  r.out.find("built without") != std::string::npos),
                 r.out);
   CHECK(RunCli("execute " + dir + "/p.pb --nccl").exit_code == 2);  // needs --backend cuda
+  r = RunCli("execute " + dir + "/p.pb --backend cuda --rank 2 --world 2");
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find("--rank 2 --world 2: expected 0 <= rank < world") != std::string::npos);
+  CHECK(RunCli("execute " + dir + "/p.pb --backend cuda --rank 1").exit_code == 2);
+  // Outside Slurm a file rendezvous needs a key of this run's own (no stale file is read).
+  r = RunShell("env -u SLURM_JOB_ID " + std::string(PIPEPLAN_BIN) + " execute " + dir +
+               "/p.pb --backend cuda --rank 1 --world 4 --rendezvous " + dir);
+  CHECK_MESSAGE((r.out.find("--rendezvous outside Slurm needs --rendezvous-key") !=
+                     std::string::npos ||
+                 r.out.find("built without") != std::string::npos),
+                r.out);
+  CHECK(r.exit_code == 2);
   // Rank 1 of 4 on a machine without a GPU (or without NCCL): a clear error, no trace.
   r = RunCli("execute " + dir + "/p.pb --backend cuda --rank 1 --world 4 --rendezvous " + dir +
-             " --timeout 5 --trace " + dir + "/m.json");
+             " --rendezvous-key t2 --timeout 5 --trace " + dir + "/m.json");
   if (r.exit_code == 0 || r.out.find("no CUDA device") == std::string::npos) {
     // A GPU is here: the run waits for the three other processes and times out instead.
     CHECK(r.exit_code != 0);
