@@ -207,7 +207,10 @@ Status Executor::Init(const NcclLaunch& l) {
           u.folds.insert(count), fold = std::max(fold, 2 * count);
       }
     }
-    if (IsSend(k)) send = std::max(send, bytes), usage_[CommOf(i)].send = std::max(usage_[CommOf(i)].send, bytes);
+    if (IsSend(k)) {
+      send = std::max(send, bytes);
+      usage_[CommOf(i)].send = std::max(usage_[CommOf(i)].send, bytes);
+    }
     if (IsRecv(k)) {
       recv = std::max(recv, bytes), probes += 2;
       usage_[CommOf(i)].recv = std::max(usage_[CommOf(i)].recv, bytes);
@@ -293,8 +296,8 @@ Status Executor::Split(int32_t round, int32_t color) {
 
 // NCCL connects peers on a communicator's first use of each kind, and a non-blocking call
 // then waits on the CPU for them: the first eager SEND or asynchronous collective would
-// wait for its peers. So every communicator is used once here, with the largest transfer
-// or collective of each kind it will carry, in the same global order on every process
+// wait for its peers. So every communicator is used here once per kind and size it will
+// carry (transfers: the largest), in the same global order on every process
 // (which cannot deadlock: the lowest unfinished communicator always has all its members).
 Status Executor::Connect() {
   for (auto& [c, u] : usage_) {
