@@ -112,7 +112,6 @@ class Executor {
 
   Status Init(const NcclLaunch& l);
   Status Barrier();
-  void SetReference(Clock::time_point t0);
   Status Run(OpId i);
   Status Drain();
   void EventTimes(Timeline* own) const;
@@ -164,8 +163,7 @@ class Executor {
   std::map<OpId, void*> held_;  // transfers that arrived before their RECV ran
   std::vector<cudaEvent_t> start_, end_;
   std::vector<char> ran_, pending_;
-  cudaEvent_t ref_ = nullptr, mark_ = nullptr;
-  double ref_s_ = 0;
+  cudaEvent_t ref_ = nullptr, mark_ = nullptr;  // ref_: the start barrier's end, time 0
   uint8_t* probe_host_ = nullptr;
   size_t probe_slots_ = 0;
   std::vector<Probe> probes_;
@@ -326,19 +324,15 @@ Status Executor::Connect() {
   return WaitEvent(mark_, world_, o_.op_timeout_s, "connecting the world communicator");
 }
 
-// An all-reduce over every process, waited for: a common start for the clocks.
+// An all-reduce over every process, waited for. Its end on each GPU is time 0 of that
+// process's device times: the same instant everywhere, up to the all-reduce's last step
+// (host clocks would differ by how soon each host noticed).
 Status Executor::Barrier() {
   RETURN_IF_ERROR(Cuda(cudaMemsetAsync(coll_in_, 0, 1, collective_), "cudaMemsetAsync"));
   RETURN_IF_ERROR(Taken(ncclAllReduce(coll_in_, coll_in_, 1, ncclInt8, ncclSum, world_, collective_),
                         world_, "barrier", o_.op_timeout_s));
-  RETURN_IF_ERROR(Cuda(cudaEventRecord(mark_, collective_), "cudaEventRecord"));
-  return WaitEvent(mark_, world_, o_.op_timeout_s, "waiting for every process to start");
-}
-
-void Executor::SetReference(Clock::time_point t0) {
-  cudaEventRecord(ref_, compute_);
-  cudaEventSynchronize(ref_);
-  ref_s_ = std::chrono::duration<double>(Clock::now() - t0).count();
+  RETURN_IF_ERROR(Cuda(cudaEventRecord(ref_, collective_), "cudaEventRecord"));
+  return WaitEvent(ref_, world_, o_.op_timeout_s, "waiting for every process to start");
 }
 
 int32_t Executor::CommOf(OpId i) const {
@@ -537,8 +531,8 @@ Status Executor::Drain() {
   return Status::Ok();
 }
 
-// Device times of the ops that completed: the reference event's host time plus the GPU
-// time elapsed to the op's start, plus the op's own elapsed time.
+// Device times of the ops that completed: the GPU time from the start barrier to the op's
+// start, plus the op's own elapsed time. (Ops that did not complete keep host times.)
 void Executor::EventTimes(Timeline* own) const {
   for (OpId i = t_.rank_begin(rank_); i < t_.rank_end(rank_); ++i) {
     const size_t k = K(i);
@@ -547,7 +541,7 @@ void Executor::EventTimes(Timeline* own) const {
     if (cudaEventElapsedTime(&to_start, ref_, start_[k]) != cudaSuccess ||
         cudaEventElapsedTime(&length, start_[k], end_[k]) != cudaSuccess)
       continue;
-    own->start[i] = ref_s_ + to_start / 1e3;
+    own->start[i] = to_start / 1e3;
     own->end[i] = own->start[i] + length / 1e3;
   }
 }
@@ -648,8 +642,7 @@ StatusOr<NcclResult> RunNccl(const Table& t, const NcclLaunch& launch, const Run
     ex.MarkFailed();
     return Status(s.code(), fmt::format("process {}: {}", launch.process, s.message()));
   }
-  const auto t0 = Clock::now();
-  ex.SetReference(t0);
+  const auto t0 = Clock::now();  // host times (partial traces): the barrier as seen here
   s = RunSequence(
       t, ex.rank(), [&](OpId i) { return ex.Run(i); }, o, t0, own);
   if (s.ok()) s = ex.Drain();

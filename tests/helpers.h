@@ -13,6 +13,9 @@ namespace pipeplan::test {
 // tp = 1, one GPU per rank, 2 layers per chunk. `sets` are applied like --set.
 Config SmallConfig(PipelineKind kind, int pp, int vp, int m, int dp = 1,
                    std::vector<std::string> sets = {});
+// The small multimodal config of the executor tests: pp = 4, 8 micro-batches, images of
+// 224^2 and 2048^2 (the large ones split by dynamic CP), `policy` placing the encoder.
+Config MultimodalConfig(const std::string& policy, std::vector<std::string> sets = {});
 Config ParseYaml(const std::string& yaml, std::vector<std::string> sets = {});
 Table Plan(const Config& c);
 

@@ -13,26 +13,6 @@ using namespace pipeplan::test;
 
 namespace {
 
-Config Multimodal(const std::string& policy, std::vector<std::string> sets = {}) {
-  std::string yaml = R"(
-cluster: {gpu: H100, nodes: 1, gpus_per_node: 8}
-model:
-  llm: {layers: 8, hidden: 1024, ffn: 4096, heads: 8, vocab: 32000}
-  vision: {layers: 3, hidden: 1024, mlp: 4096, heads: 16, cp_threshold_patches: 4096}
-parallelism: {pp: 4}
-training: {seq_length: 8192, microbatches: 8}
-data:
-  seed: 5
-  text_tokens: 512
-  images_per_sample: 2
-  images:
-    - {height: 224, width: 224, weight: 0.6}
-    - {height: 2048, width: 2048, weight: 0.4}
-schedule: {pipeline: 1f1b, modality: )" +
-                     policy + "}\n";
-  return ParseYaml(yaml, std::move(sets));
-}
-
 CheckResult Check(const Table& t) {
   Timeline tl;
   RunOptions o;
@@ -65,14 +45,14 @@ TEST_CASE("gradient equivalence: gpipe, 1f1b, interleaved 1f1b, with data parall
 TEST_CASE("gradient equivalence: every modality policy, with a generator and with DEP recompute") {
   for (std::string policy : {"inline", "decoupled", "nested", "bubble-fill"}) {
     CAPTURE(policy);
-    ExpectEquivalent(Plan(Multimodal(policy)));
+    ExpectEquivalent(Plan(MultimodalConfig(policy)));
     ExpectEquivalent(
-        Plan(Multimodal(policy, {"schedule.pipeline=interleaved-1f1b", "parallelism.vp=2"})));
+        Plan(MultimodalConfig(policy, {"schedule.pipeline=interleaved-1f1b", "parallelism.vp=2"})));
   }
-  ExpectEquivalent(Plan(Multimodal("decoupled", {"schedule.decoupled_recompute=true"})));
+  ExpectEquivalent(Plan(MultimodalConfig("decoupled", {"schedule.decoupled_recompute=true"})));
   for (std::string policy : {"inline", "nested"})
     ExpectEquivalent(
-        Plan(Multimodal(policy, {"model.generator={layers: 2, hidden: 512, mlp: 2048, heads: 8}",
+        Plan(MultimodalConfig(policy, {"model.generator={layers: 2, hidden: 512, mlp: 2048, heads: 8}",
                                  "data.generate={height: 256, width: 256}"})));
 }
 

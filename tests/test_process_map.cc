@@ -17,23 +17,8 @@ using namespace pipeplan::test;
 namespace {
 
 Config Multimodal(const std::string& policy, std::vector<std::string> sets = {}) {
-  std::string yaml = R"(
-cluster: {gpu: H100, nodes: 1, gpus_per_node: 8}
-model:
-  llm: {layers: 8, hidden: 1024, ffn: 4096, heads: 8, vocab: 32000}
-  vision: {layers: 3, hidden: 1024, mlp: 4096, heads: 16, cp_threshold_patches: 2048}
-parallelism: {pp: 4}
-training: {seq_length: 8192, microbatches: 8}
-data:
-  seed: 5
-  text_tokens: 512
-  images_per_sample: 2
-  images:
-    - {height: 224, width: 224, weight: 0.6}
-    - {height: 2048, width: 2048, weight: 0.4}
-schedule: {pipeline: 1f1b, modality: )" +
-                     policy + "}\n";
-  return ParseYaml(yaml, std::move(sets));
+  sets.push_back("model.vision.cp_threshold_patches=2048");  // more gangs
+  return MultimodalConfig(policy, std::move(sets));
 }
 
 // Every communicator an op of process p will use exists, contains p (and the peer), and
