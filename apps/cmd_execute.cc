@@ -1,5 +1,6 @@
-// pipeplan execute PLAN [--backend cpu|cuda] [--local-ranks N] [--nccl] [--rendezvous DIR]
-//                       [--check] [--trace FILE] [--timeout S] [--fault R]
+// pipeplan execute PLAN [--backend cpu|cuda] [--local-ranks N] [--rank R --world N] [--nccl]
+//                       [--rendezvous DIR [--rendezvous-key K]] [--check] [--trace FILE]
+//                       [--timeout S] [--fault R]
 #include <fmt/format.h>
 
 #include <cmath>
