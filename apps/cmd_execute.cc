@@ -43,8 +43,7 @@ StatusOr<CheckResult> RunCuda(const Table& t, const RunOptions& o, Timeline* mea
 // Rank and world size: --rank and --world when given (-1 = not), else Slurm's or Open
 // MPI's, else process 0 of 1.
 StatusOr<std::pair<int, int>> LaunchRank(int rank, int world) {
-  if ((rank >= 0) != (world >= 0))
-    return InvalidInput("--rank and --world are given together");
+  if ((rank >= 0) != (world >= 0)) return InvalidInput("--rank and --world are given together");
   if (world >= 0) {
     if (world < 1 || rank >= world)
       return InvalidInput(
@@ -173,8 +172,9 @@ int RunNcclMode(const ExecOptions& o, const Table& t, int rank, int world) {
 #ifdef PIPEPLAN_HAS_MPI
     if (mpi && failed) MpiAbort(code);
     if (mpi) MpiFinalize();
+#else
+    (void)mpi, (void)failed;
 #endif
-    (void)failed;
     return code;
   };
   if (!r.ok()) {
@@ -192,11 +192,13 @@ int RunNcclMode(const ExecOptions& o, const Table& t, int rank, int world) {
       if (Status s = WriteFileAtomic(o.trace, ChromeTrace(t, r->merged, {}, to)); !s.ok())
         code = Report(s);
     }
-    fmt::print("{}: {} processes (one per GPU, NCCL), {} ops, measured step {:.6g} s; process 0 on {}\n",
-               o.plan, world, t.size(), r->merged.Makespan(), r->device);
+    fmt::print(
+        "{}: {} processes (one per GPU, NCCL), {} ops, measured step {:.6g} s; process 0 on {}\n",
+        o.plan, world, t.size(), r->merged.Makespan(), r->device);
     if (o.check)
-      fmt::print("transfer check: {} transfers and collectives verified on every process, {} wrong: {}\n",
-                 r->checked, r->bad, r->bad == 0 ? "PASS" : "FAIL");
+      fmt::print(
+          "transfer check: {} transfers and collectives verified on every process, {} wrong: {}\n",
+          r->checked, r->bad, r->bad == 0 ? "PASS" : "FAIL");
     if (!o.trace.empty()) fmt::print("trace: {}\n", o.trace);
   }
   return finish(code, false);

@@ -99,9 +99,9 @@ struct Probe {
 // NCCL connects what the algorithm it picks for a call needs, and the pick depends on the
 // size: every distinct (kind, size) is used once.
 struct Usage {
-  size_t send = 0, recv = 0;                    // largest transfer sent / received on it
-  std::set<std::pair<OpKind, size_t>> colls;    // collectives: kind, bytes per member
-  std::set<size_t> folds;                       // all-reduces of bf16 elements (1: a gang's barrier)
+  size_t send = 0, recv = 0;                  // largest transfer sent / received on it
+  std::set<std::pair<OpKind, size_t>> colls;  // collectives: kind, bytes per member
+  std::set<size_t> folds;                     // all-reduces of bf16 elements (1: a gang's barrier)
 };
 
 class Executor {
@@ -159,7 +159,7 @@ class Executor {
   std::map<int32_t, cudaStream_t> send_streams_;  // per send communicator
   void *send_buf_ = nullptr, *recv_buf_ = nullptr, *coll_in_ = nullptr, *coll_out_ = nullptr,
        *fold_ = nullptr, *gather_in_ = nullptr, *gather_out_ = nullptr;
-  size_t row_ = 0;  // doubles per process in the final gather
+  size_t row_ = 0;              // doubles per process in the final gather
   std::map<OpId, void*> held_;  // transfers that arrived before their RECV ran
   std::vector<cudaEvent_t> start_, end_;
   std::vector<char> ran_, pending_;
@@ -285,9 +285,9 @@ Status Executor::Split(int32_t round, int32_t color) {
   ncclComm_t* out = color >= 0 ? &comms_[color] : &no_comm_;
   const std::string what =
       fmt::format("creating communicators (round {} of {})", round + 1, cp_.rounds);
-  RETURN_IF_ERROR(Taken(ncclCommSplit(world_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, me_, out,
-                                      &config_),
-                        world_, what, o_.op_timeout_s));
+  RETURN_IF_ERROR(
+      Taken(ncclCommSplit(world_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, me_, out, &config_),
+            world_, what, o_.op_timeout_s));
   if (color >= 0 && *out == nullptr) return Internal(what + ": no communicator");
   return color >= 0 ? Taken(ncclInProgress, *out, what, o_.op_timeout_s) : Status::Ok();
 }
@@ -299,8 +299,8 @@ Status Executor::Split(int32_t round, int32_t color) {
 // (which cannot deadlock: the lowest unfinished communicator always has all its members).
 Status Executor::Connect() {
   for (auto& [c, u] : usage_) {
-    const std::string what = fmt::format("connecting communicator {} of {}", c + 1,
-                                         cp_.members.size());
+    const std::string what =
+        fmt::format("connecting communicator {} of {}", c + 1, cp_.members.size());
     ncclComm_t comm = Comm(c);
     if (u.send > 0 || u.recv > 0) {
       const int32_t other = cp_.members[c][cp_.members[c][0] == me_ ? 1 : 0];
@@ -317,9 +317,9 @@ Status Executor::Connect() {
     RETURN_IF_ERROR(WaitEvent(mark_, comm, o_.op_timeout_s, what));
   }
   // The world communicator carries the final gather.
-  RETURN_IF_ERROR(Taken(ncclAllGather(gather_in_, gather_out_, row_, ncclFloat64, world_,
-                                      collective_),
-                        world_, "connecting the world communicator", o_.op_timeout_s));
+  RETURN_IF_ERROR(
+      Taken(ncclAllGather(gather_in_, gather_out_, row_, ncclFloat64, world_, collective_), world_,
+            "connecting the world communicator", o_.op_timeout_s));
   RETURN_IF_ERROR(Cuda(cudaEventRecord(mark_, collective_), "cudaEventRecord"));
   return WaitEvent(mark_, world_, o_.op_timeout_s, "connecting the world communicator");
 }
@@ -329,8 +329,9 @@ Status Executor::Connect() {
 // (host clocks would differ by how soon each host noticed).
 Status Executor::Barrier() {
   RETURN_IF_ERROR(Cuda(cudaMemsetAsync(coll_in_, 0, 1, collective_), "cudaMemsetAsync"));
-  RETURN_IF_ERROR(Taken(ncclAllReduce(coll_in_, coll_in_, 1, ncclInt8, ncclSum, world_, collective_),
-                        world_, "barrier", o_.op_timeout_s));
+  RETURN_IF_ERROR(
+      Taken(ncclAllReduce(coll_in_, coll_in_, 1, ncclInt8, ncclSum, world_, collective_), world_,
+            "barrier", o_.op_timeout_s));
   RETURN_IF_ERROR(Cuda(cudaEventRecord(ref_, collective_), "cudaEventRecord"));
   return WaitEvent(ref_, world_, o_.op_timeout_s, "waiting for every process to start");
 }
@@ -350,9 +351,9 @@ Status Executor::Wait(OpId i, const std::string& waiting_for) {
 
 Status Executor::Finish(OpId i) {
   if (!pending_[K(i)]) return Status::Ok();
-  Status s = IsSend(t_.kind(i)) ? Wait(i, fmt::format("{}: the receiver never took it", t_.str(i)))
-                                : Wait(i, fmt::format("{}: waiting for the other group members",
-                                                      t_.str(i)));
+  Status s = IsSend(t_.kind(i))
+                 ? Wait(i, fmt::format("{}: the receiver never took it", t_.str(i)))
+                 : Wait(i, fmt::format("{}: waiting for the other group members", t_.str(i)));
   if (s.ok()) pending_[K(i)] = 0;
   return s;
 }
@@ -418,8 +419,8 @@ Status Executor::RunSend(OpId i) {
       RETURN_IF_ERROR(Cuda(cudaMemsetAsync(buf, Stamp(i), bytes, s), "cudaMemsetAsync"));
     }
     const int32_t to = cp_.RankIn(c, pm_.process(t_.peer(i), shard_));
-    Status sent = Taken(ncclSend(buf, bytes, ncclInt8, to, Comm(c), s), Comm(c), "ncclSend",
-                        o_.op_timeout_s);
+    Status sent =
+        Taken(ncclSend(buf, bytes, ncclInt8, to, Comm(c), s), Comm(c), "ncclSend", o_.op_timeout_s);
     if (check_) cudaFreeAsync(buf, s);
     RETURN_IF_ERROR(sent);
   }
@@ -570,16 +571,16 @@ StatusOr<NcclResult> Executor::Gather(const Timeline& own) {
                                   cudaMemcpyHostToDevice, collective_),
                   "cudaMemcpyAsync");
   if (s.ok())
-    s = Taken(ncclAllGather(gather_in_, gather_out_, row, ncclFloat64, world_, collective_),
-              world_, "gathering the timelines", o_.op_timeout_s);
+    s = Taken(ncclAllGather(gather_in_, gather_out_, row, ncclFloat64, world_, collective_), world_,
+              "gathering the timelines", o_.op_timeout_s);
   if (s.ok()) s = Cuda(cudaEventRecord(mark_, collective_), "cudaEventRecord");
   if (s.ok())
     s = WaitEvent(mark_, world_, o_.op_timeout_s,
                   "gathering the timelines: another process did not finish");
   if (s.ok())
-    s = Cuda(cudaMemcpy(all.data(), gather_out_, all.size() * sizeof(double),
-                        cudaMemcpyDeviceToHost),
-             "cudaMemcpy");
+    s = Cuda(
+        cudaMemcpy(all.data(), gather_out_, all.size() * sizeof(double), cudaMemcpyDeviceToHost),
+        "cudaMemcpy");
   if (!s.ok()) return Status(s.code(), fmt::format("process {}: {}", me_, s.message()));
   // An op of a rank with several GPUs spans its first start to its last end.
   res.merged.start.assign(t_.size(), -1.0), res.merged.end.assign(t_.size(), -1.0);
@@ -613,7 +614,7 @@ void Executor::Release() {
   }
   comms_.clear(), world_ = nullptr;
   if (device_.empty()) return;  // no device was set: nothing else was made
-  cudaDeviceSynchronize();  // nothing of ours is still reading a buffer freed below
+  cudaDeviceSynchronize();      // nothing of ours is still reading a buffer freed below
   for (auto& [op, buf] : held_) cudaFree(buf);
   for (void* p : {send_buf_, recv_buf_, coll_in_, coll_out_, fold_, gather_in_, gather_out_})
     cudaFree(p);

@@ -37,10 +37,10 @@ struct NcclLaunch {
 };
 
 struct NcclResult {
-  Timeline merged;             // every rank's ops (an op spans its GPUs' first start to last end)
+  Timeline merged;               // every rank's ops (an op spans its GPUs' first start to last end)
   int64_t checked = 0, bad = 0;  // transfers and collectives verified, over every process
-  std::string mismatch;        // this process's first wrong transfer, if any
-  std::string device;          // this process's GPU
+  std::string mismatch;          // this process's first wrong transfer, if any
+  std::string device;            // this process's GPU
 };
 
 // Runs this process's share of `t`. On failure the error names the rank and op. `own`

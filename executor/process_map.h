@@ -25,10 +25,10 @@
 namespace pipeplan {
 
 struct ProcessMap {
-  int32_t world = 0;            // processes = GPUs of all ranks
-  std::vector<int32_t> rank;    // per process: its plan rank
-  std::vector<int32_t> shard;   // per process: its index among the rank's GPUs
-  std::vector<int32_t> first;   // per plan rank: its first process
+  int32_t world = 0;           // processes = GPUs of all ranks
+  std::vector<int32_t> rank;   // per process: its plan rank
+  std::vector<int32_t> shard;  // per process: its index among the rank's GPUs
+  std::vector<int32_t> first;  // per plan rank: its first process
   int32_t process(int32_t r, int32_t s) const { return first[r] + s; }
 };
 

@@ -66,8 +66,8 @@ Status ShareThroughFile(const FileRendezvous& r, int process, int world, std::st
     }
     if (std::chrono::steady_clock::now() > deadline)
       return Internal(
-          fmt::format("process {}: timed out after {} s waiting for process 0 to write {}",
-                      process, r.timeout_s, path));
+          fmt::format("process {}: timed out after {} s waiting for process 0 to write {}", process,
+                      r.timeout_s, path));
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }

@@ -54,8 +54,7 @@ Status RunRank(const Table& t, int32_t rank, Backend& backend, Transport& transp
                const RunOptions& o, std::chrono::steady_clock::time_point t0, Timeline* measured,
                OpId* failed) {
   return RunSequence(
-      t, rank, [&](OpId i) { return RunOp(t, i, backend, transport, o); }, o, t0, measured,
-      failed);
+      t, rank, [&](OpId i) { return RunOp(t, i, backend, transport, o); }, o, t0, measured, failed);
 }
 
 Status RunLocal(const Table& t, std::vector<std::unique_ptr<Backend>>& backends,

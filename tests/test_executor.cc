@@ -51,9 +51,9 @@ TEST_CASE("gradient equivalence: every modality policy, with a generator and wit
   }
   ExpectEquivalent(Plan(MultimodalConfig("decoupled", {"schedule.decoupled_recompute=true"})));
   for (std::string policy : {"inline", "nested"})
-    ExpectEquivalent(
-        Plan(MultimodalConfig(policy, {"model.generator={layers: 2, hidden: 512, mlp: 2048, heads: 8}",
-                                 "data.generate={height: 256, width: 256}"})));
+    ExpectEquivalent(Plan(
+        MultimodalConfig(policy, {"model.generator={layers: 2, hidden: 512, mlp: 2048, heads: 8}",
+                                  "data.generate={height: 256, width: 256}"})));
 }
 
 TEST_CASE("a plan with a receive moved after its consumer fails loudly, not silently") {

@@ -100,9 +100,9 @@ TEST_CASE("NCCL backend, emulated: every policy runs, every transfer arrives whe
     CAPTURE(policy);
     // pp = 4 over 8 GPUs (dp = 2): vision embeddings overtaking text transfers, gangs of
     // multi-rank CP, gradient collectives.
-    Table t = Plan(MultimodalConfig(policy, Narrow({"parallelism.dp=2", "cluster.gpus_per_node=4",
-                                                    "cluster.nodes=2", "model.vision.cp_max_group=4",
-                                                    "model.vision.cp_threshold_patches=2048"})));
+    Table t = Plan(MultimodalConfig(
+        policy, Narrow({"parallelism.dp=2", "cluster.gpus_per_node=4", "cluster.nodes=2",
+                        "model.vision.cp_max_group=4", "model.vision.cp_threshold_patches=2048"})));
     ExpectClean(t, RunJob(t, o, true));
   }
   Table inter = Plan(MultimodalConfig(
@@ -111,9 +111,9 @@ TEST_CASE("NCCL backend, emulated: every policy runs, every transfer arrives whe
 }
 
 TEST_CASE("NCCL backend, emulated: ranks of two GPUs (tp = 2) run as two processes each") {
-  Table t = Plan(SmallConfig(PipelineKind::k1F1B, 2, 1, 4, 2,
-                             {"parallelism.tp=2", "cluster.gpus_per_node=8",
-                              "training.zero_stage=1"}));
+  Table t =
+      Plan(SmallConfig(PipelineKind::k1F1B, 2, 1, 4, 2,
+                       {"parallelism.tp=2", "cluster.gpus_per_node=8", "training.zero_stage=1"}));
   REQUIRE(t.ranks()[0].gpus == 2);
   RunOptions o;
   o.op_timeout_s = 30;

@@ -57,7 +57,8 @@ void ExpectComplete(const Table& t, const ProcessMap& pm, const CommPlan& cp) {
 
 TEST_CASE("one process per GPU: ranks holding several GPUs map to consecutive processes") {
   // tp = 2, pp = 2, dp = 2: 4 ranks of 2 GPUs; Megatron order tp-dp-pp.
-  Table t = Plan(SmallConfig(PipelineKind::k1F1B, 2, 1, 4, 2, {"parallelism.tp=2", "cluster.gpus_per_node=8"}));
+  Table t = Plan(SmallConfig(PipelineKind::k1F1B, 2, 1, 4, 2,
+                             {"parallelism.tp=2", "cluster.gpus_per_node=8"}));
   REQUIRE(t.num_ranks() == 4);
   auto pm = MapProcesses(t, 8);
   REQUIRE_MESSAGE(pm.ok(), pm.status().message());
@@ -194,24 +195,24 @@ TEST_CASE("file rendezvous: process 0's id reaches the others; stale or missing 
   fr.timeout_s = 0.05;
   s = ShareThroughFile(fr, 1, 3, &got);
   REQUIRE(!s.ok());
-  CHECK(s.message() == "process 1: timed out after 0.05 s waiting for process 0 to write " +
-                           fr.path());
+  CHECK(s.message() ==
+        "process 1: timed out after 0.05 s waiting for process 0 to write " + fr.path());
 }
 
 TEST_CASE("execute --backend cuda, one process per GPU: errors are clear and nothing hangs") {
   std::string dir = TempDir();
   std::string cfg = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/default.yaml";
-  REQUIRE(RunCli("plan " + cfg + " --set parallelism.pp=4 --set cluster.gpus_per_node=4 -o " +
-                 dir + "/p.pb")
+  REQUIRE(RunCli("plan " + cfg + " --set parallelism.pp=4 --set cluster.gpus_per_node=4 -o " + dir +
+                 "/p.pb")
               .exit_code == 0);
   // The world must be the plan's GPU count; said before any GPU or network is touched.
   RunResult r = RunCli("execute " + dir + "/p.pb --backend cuda --rank 0 --world 3 --rendezvous " +
                        dir + " --rendezvous-key t1 --timeout 5");
   CHECK(r.exit_code != 0);
-  CHECK_MESSAGE((r.out.find("3 processes for a plan of 4 ranks holding 4 GPUs") !=
-                     std::string::npos ||
-                 r.out.find("built without") != std::string::npos),
-                r.out);
+  CHECK_MESSAGE(
+      (r.out.find("3 processes for a plan of 4 ranks holding 4 GPUs") != std::string::npos ||
+       r.out.find("built without") != std::string::npos),
+      r.out);
   CHECK(RunCli("execute " + dir + "/p.pb --nccl").exit_code == 2);  // needs --backend cuda
   r = RunCli("execute " + dir + "/p.pb --backend cuda --rank 2 --world 2");
   CHECK(r.exit_code == 2);
@@ -220,10 +221,10 @@ TEST_CASE("execute --backend cuda, one process per GPU: errors are clear and not
   // Outside Slurm a file rendezvous needs a key of this run's own (no stale file is read).
   r = RunShell("env -u SLURM_JOB_ID " + std::string(PIPEPLAN_BIN) + " execute " + dir +
                "/p.pb --backend cuda --rank 1 --world 4 --rendezvous " + dir);
-  CHECK_MESSAGE((r.out.find("--rendezvous outside Slurm needs --rendezvous-key") !=
-                     std::string::npos ||
-                 r.out.find("built without") != std::string::npos),
-                r.out);
+  CHECK_MESSAGE(
+      (r.out.find("--rendezvous outside Slurm needs --rendezvous-key") != std::string::npos ||
+       r.out.find("built without") != std::string::npos),
+      r.out);
   CHECK(r.exit_code == 2);
   // Rank 1 of 4 on a machine without a GPU (or without NCCL): a clear error, no trace.
   r = RunCli("execute " + dir + "/p.pb --backend cuda --rank 1 --world 4 --rendezvous " + dir +

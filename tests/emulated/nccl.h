@@ -31,7 +31,8 @@ struct ncclUniqueId {
 struct ncclConfig_t {
   int blocking;
 };
-#define NCCL_CONFIG_INITIALIZER {1}
+#define NCCL_CONFIG_INITIALIZER \
+  { 1 }
 #define NCCL_SPLIT_NOCOLOR -1
 
 const char* ncclGetErrorString(ncclResult_t r);
@@ -47,8 +48,8 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
 ncclResult_t ncclGroupStart();
 ncclResult_t ncclGroupEnd();
-ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int peer,
-                      ncclComm_t comm, cudaStream_t s);
+ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t s);
 ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
                       cudaStream_t s);
 ncclResult_t ncclAllReduce(const void* in, void* out, size_t count, ncclDataType_t type,

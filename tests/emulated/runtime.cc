@@ -331,8 +331,7 @@ void RunP2P(std::vector<P2P> ops) {
     m->taken = true;
     g_cv.notify_all();
   }
-  for (auto& m : posted)
-    g_cv.wait(lock, [&] { return m->taken || Aborted(*ops[0].comm); });
+  for (auto& m : posted) g_cv.wait(lock, [&] { return m->taken || Aborted(*ops[0].comm); });
 }
 
 ncclResult_t AddP2P(P2P op) {
@@ -367,8 +366,7 @@ void RunColl(ncclComm_t comm, uint64_t k, int kind, const void* in, void* out, s
     for (int r = 0; r < c.n; ++r) {
       if (kind == 2) {  // all-gather
         result[r].resize(bytes * c.n);
-        for (int m = 0; m < c.n; ++m)
-          std::memcpy(result[r].data() + m * bytes, co.in[m], bytes);
+        for (int m = 0; m < c.n; ++m) std::memcpy(result[r].data() + m * bytes, co.in[m], bytes);
         continue;
       }
       const size_t offset = kind == 1 ? r * bytes : 0;  // reduce-scatter: member r's block
@@ -407,8 +405,12 @@ ncclResult_t AddColl(int kind, const void* in, void* out, size_t count, ncclData
 }  // namespace
 
 const char* ncclGetErrorString(ncclResult_t r) {
-  static const char* names[] = {"no error",      "unhandled cuda error", "unhandled system error",
-                                "internal error", "invalid argument",     "invalid usage",
+  static const char* names[] = {"no error",
+                                "unhandled cuda error",
+                                "unhandled system error",
+                                "internal error",
+                                "invalid argument",
+                                "invalid usage",
                                 "remote process exited or there was a network error",
                                 "operation in progress"};
   return r >= 0 && r <= ncclInProgress ? names[r] : "unknown";
@@ -517,8 +519,8 @@ ncclResult_t ncclGroupEnd() {
   ops[0].comm->deferred.push_back({ops[0].stream, [ops] { RunP2P(ops); }});
   return ncclInProgress;
 }
-ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int peer,
-                      ncclComm_t comm, cudaStream_t s) {
+ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t s) {
   return AddP2P({true, const_cast<void*>(buf), count * Size(type), peer, comm, s});
 }
 ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
