@@ -58,7 +58,7 @@ StatusOr<std::pair<int, int>> LaunchRank(int rank, int world) {
 }
 
 // The process's index among those on its node (selects its GPU).
-int LocalRank(int rank) {
+[[maybe_unused]] int LocalRank(int rank) {
   for (const char* v : {"SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK"})
     if (const char* s = std::getenv(v)) return std::atoi(s);
   return rank;
@@ -74,8 +74,8 @@ struct ExecOptions {
 
 // Writes this process's partial trace after a failure: TRACE.rank<r>.json (TRACE.gpu<p>.json
 // where ranks hold several GPUs).
-void WritePartialTrace(const std::string& trace, const Table& t, const Timeline& own,
-                       const std::string& name) {
+[[maybe_unused]] void WritePartialTrace(const std::string& trace, const Table& t,
+                                        const Timeline& own, const std::string& name) {
   if (trace.empty() || own.start.size() != t.size()) return;
   TraceOptions to;
   to.source = "measured (partial)";

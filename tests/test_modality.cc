@@ -202,7 +202,7 @@ TEST_CASE("dynamic CP: the gather-KV share stays bounded when the job grows 8x")
   CHECK(large.max_flops() / large.mean_flops() <= 1.1 * small.max_flops() / small.mean_flops());
 }
 
-TEST_CASE("decoupled vision memory grows with micro-batches; nested stays flat") {
+TEST_CASE("decoupled vision memory grows with micro-batches, nested stays flat") {
   // Nested keeps about 2 pp + 1 rounds of encoder activations: flat once m exceeds that.
   double d16 = PeakVisionActivation(Simulated(Multimodal("decoupled", 16)));
   double d64 = PeakVisionActivation(Simulated(Multimodal("decoupled", 64)));

@@ -144,7 +144,7 @@ size_t ExpectSenderOrder(const Table& t) {
 
 }  // namespace
 
-TEST_CASE("receives are posted in the sender's order; early transfers are held") {
+TEST_CASE("receives are posted in the sender's order, early transfers are held") {
   for (auto k : {PipelineKind::kGpipe, PipelineKind::k1F1B})
     CHECK(ExpectSenderOrder(Plan(SmallConfig(k, 4, 1, 8, 2))) == 0);
   for (int pp : {2, 4})
@@ -174,7 +174,7 @@ TEST_CASE("a transfer received out of its send order is held until its RECV runs
   CHECK(order.Post(Find(t, "r1 RECV_F c0 m0 <-r0")).empty());
 }
 
-TEST_CASE("file rendezvous: process 0's id reaches the others; stale or missing files fail") {
+TEST_CASE("file rendezvous: process 0's id reaches the others, stale or missing files fail") {
   FileRendezvous fr{TempDir(), "job7.0", 5};
   std::string sent = std::string("\x00\x01\xfe\xff id", 7), got;
   std::thread root([&] {
@@ -225,7 +225,7 @@ TEST_CASE("execute --backend cuda, one process per GPU: errors are clear and not
       (r.out.find("--rendezvous outside Slurm needs --rendezvous-key") != std::string::npos ||
        r.out.find("built without") != std::string::npos),
       r.out);
-  CHECK(r.exit_code == 2);
+  CHECK(r.exit_code != 0);
   // Rank 1 of 4 on a machine without a GPU (or without NCCL): a clear error, no trace.
   r = RunCli("execute " + dir + "/p.pb --backend cuda --rank 1 --world 4 --rendezvous " + dir +
              " --rendezvous-key t2 --timeout 5 --trace " + dir + "/m.json");
