@@ -56,13 +56,16 @@ Job RunJob(const Table& t, RunOptions o, bool check) {
 
 // Every process succeeded and checked its transfers. In each process's own timeline no op
 // starts before the compute op or RECV before it ended (the host waits for those); the
-// merged timeline has every op, and no RECV ends before its SEND began.
+// merged timeline has every op. (Across processes the clocks agree up to the start
+// barrier's spread, which here is thread wake-ups on a loaded machine: not checked.)
 void ExpectClean(const Table& t, const Job& job) {
   for (const auto& r : job.results) REQUIRE_MESSAGE(r.ok(), r.status().message());
   const NcclResult& r0 = *job.results[0];
   CHECK(r0.checked > 0);
   CHECK_MESSAGE(r0.bad == 0, r0.mismatch);
   for (const auto& r : job.results) CHECK(r->mismatch.empty());
+  const Timeline& m = r0.merged;
+  REQUIRE(m.start.size() == t.size());
   for (const Timeline& own : job.own) {
     OpId waited = UINT32_MAX;
     for (OpId i = 0; i < t.size(); ++i) {
@@ -70,16 +73,15 @@ void ExpectClean(const Table& t, const Job& job) {
       CAPTURE(t.str(i));
       if (waited != UINT32_MAX) CHECK(own.start[i] >= own.end[waited]);
       if (IsCompute(t.kind(i)) || IsRecv(t.kind(i))) waited = i;
+      // The gathered op spans what each of its rank's processes measured.
+      CHECK(m.start[i] <= own.start[i]);
+      CHECK(m.end[i] >= own.end[i]);
     }
   }
-  const Timeline& m = r0.merged;
-  REQUIRE(m.start.size() == t.size());
   for (OpId i = 0; i < t.size(); ++i) {
     CAPTURE(t.str(i));
     REQUIRE(m.start[i] >= 0);
     CHECK(m.end[i] >= m.start[i]);
-    // Processes share time 0 up to the start barrier's spread (here: thread wake-ups).
-    if (IsRecv(t.kind(i))) CHECK(m.end[i] >= m.start[t.send_of(i)] - 2e-3);
   }
 }
 
