@@ -100,9 +100,10 @@ std::string Pool::Gemm(int rank, size_t n, int count) {
 std::string Pool::EnqueueWrite(int rank, size_t bytes) {
   Impl& m = *impl_;
   for (size_t done = 0; done < bytes; done += payload_bytes_)
-    if (std::string e = Err(cudaMemsetAsync(m.payload[rank], 0,
-                                            std::min(payload_bytes_, bytes - done), m.streams[rank]),
-                            "cudaMemsetAsync");
+    if (std::string e =
+            Err(cudaMemsetAsync(m.payload[rank], 0, std::min(payload_bytes_, bytes - done),
+                                m.streams[rank]),
+                "cudaMemsetAsync");
         !e.empty())
       return e;
   return "";

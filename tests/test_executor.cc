@@ -120,7 +120,8 @@ TEST_CASE("execute CLI: --check passes, the measured trace is a Chrome trace of 
   CHECK(cuda.out.find("CUDA") != std::string::npos);
 }
 
-TEST_CASE("compare lines up a simulated and a measured trace, and its calibration loads in simulate") {
+TEST_CASE(
+    "compare lines up a simulated and a measured trace, and its calibration loads in simulate") {
   std::string dir = TempDir();
   std::string cfg = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/small_text.yaml";
   REQUIRE(RunCli("plan " + cfg + " -o " + dir + "/p.pb").exit_code == 0);
