@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "executor/cpu_backend.h"
+#include "executor/deadline.h"
 
 namespace pipeplan {
 namespace {
@@ -23,11 +24,6 @@ bool WaitUntil(MPI_Request* req, Clock::time_point deadline) {
     if (Clock::now() > deadline) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
-}
-
-Clock::time_point Deadline(double s) {
-  return Clock::now() +
-         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
 // Messages carry their plan tag as the first element (MPI tags are too small for ours).

@@ -14,6 +14,7 @@
 
 #include "executor/cuda_backend.h"
 #include "executor/cuda_device.h"
+#include "executor/deadline.h"
 #include "executor/process_map.h"
 
 namespace pipeplan {
@@ -23,11 +24,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMaxPayload = size_t{1} << 30;  // larger transfers are cut (both sides alike)
 constexpr size_t kScratch = size_t{256} << 20;   // memory-bound passes write this at a time
-
-Clock::time_point Deadline(double s) {
-  return Clock::now() +
-         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-}
 
 Status Cuda(cudaError_t e, const char* what) {
   return e == cudaSuccess ? Status::Ok()

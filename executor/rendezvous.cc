@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "core/files.h"
+#include "executor/deadline.h"
 
 namespace pipeplan {
 namespace {
@@ -47,9 +48,7 @@ Status ShareThroughFile(const FileRendezvous& r, int process, int world, std::st
   const std::string path = r.path();
   if (process == 0)
     return WriteFileAtomic(path, fmt::format("{} world={}\n{}\n", kMagic, world, Hex(*id)));
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(r.timeout_s));
+  const auto deadline = Deadline(r.timeout_s);
   for (;;) {
     if (auto text = ReadFile(path); text.ok()) {
       std::istringstream in(*text);

@@ -4,17 +4,8 @@
 
 #include <chrono>
 
+#include "executor/deadline.h"
 namespace pipeplan {
-namespace {
-
-std::chrono::steady_clock::time_point Deadline(double timeout_s) {
-  return std::chrono::steady_clock::now() +
-         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-             std::chrono::duration<double>(timeout_s));
-}
-
-}  // namespace
-
 Status InProcessTransport::Send(int32_t, uint32_t tag, Tensor data) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!aborted_.empty()) return Internal(aborted_);
