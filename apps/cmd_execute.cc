@@ -72,14 +72,19 @@ struct ExecOptions {
   int fault_rank = -1;
 };
 
+Status WriteMeasuredTrace(const std::string& path, const Table& t, const Timeline& measured,
+                          const char* source = "measured") {
+  TraceOptions to;
+  to.source = source;
+  return WriteFileAtomic(path, ChromeTrace(t, measured, {}, to));
+}
+
 // Writes this process's partial trace after a failure: TRACE.rank<r>.json (TRACE.gpu<p>.json
 // where ranks hold several GPUs).
 [[maybe_unused]] void WritePartialTrace(const std::string& trace, const Table& t,
                                         const Timeline& own, const std::string& name) {
   if (trace.empty() || own.start.size() != t.size()) return;
-  TraceOptions to;
-  to.source = "measured (partial)";
-  (void)WriteFileAtomic(fmt::format("{}.{}.json", trace, name), ChromeTrace(t, own, {}, to));
+  (void)WriteMeasuredTrace(fmt::format("{}.{}.json", trace, name), t, own, "measured (partial)");
 }
 
 // One process per rank (srun / mpirun): MPI transport; rank 0 writes the merged trace and
@@ -104,10 +109,7 @@ int RunMultiProcess(const ExecOptions& o, const Table& t, int rank, int world) {
   int code = 0;
   if (r->rank == 0) {
     if (!o.trace.empty()) {
-      TraceOptions to;
-      to.source = "measured";
-      if (Status s = WriteFileAtomic(o.trace, ChromeTrace(t, r->merged, {}, to)); !s.ok())
-        code = Report(s);
+      if (Status s = WriteMeasuredTrace(o.trace, t, r->merged); !s.ok()) code = Report(s);
     }
     fmt::print("{}: {} processes, {} ops, measured step {:.6g} s, loss {:.12g}\n", o.plan, r->world,
                t.size(), r->merged.Makespan(), r->check.loss);
@@ -187,10 +189,7 @@ int RunNcclMode(const ExecOptions& o, const Table& t, int rank, int world) {
   int code = o.check && r->bad > 0 ? 1 : 0;
   if (rank == 0) {
     if (!o.trace.empty()) {
-      TraceOptions to;
-      to.source = "measured";
-      if (Status s = WriteFileAtomic(o.trace, ChromeTrace(t, r->merged, {}, to)); !s.ok())
-        code = Report(s);
+      if (Status s = WriteMeasuredTrace(o.trace, t, r->merged); !s.ok()) code = Report(s);
     }
     fmt::print(
         "{}: {} processes (one per GPU, NCCL), {} ops, measured step {:.6g} s; process 0 on {}\n",
@@ -277,10 +276,7 @@ Command MakeExecuteCommand() {
     }
     if (!o->trace.empty() &&
         measured.start.size() == t->size()) {  // also after a failure: what ran
-      TraceOptions to;
-      to.source = "measured";
-      if (Status s = WriteFileAtomic(o->trace, ChromeTrace(*t, measured, {}, to)); !s.ok())
-        return Report(s);
+      if (Status s = WriteMeasuredTrace(o->trace, *t, measured); !s.ok()) return Report(s);
     }
     if (!r.ok()) return Report(r.status());
     fmt::print("{}: {} ranks, {} ops on {}, measured step {:.6g} s", o->plan, t->num_ranks(),
