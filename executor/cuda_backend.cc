@@ -67,8 +67,8 @@ StatusOr<std::vector<std::unique_ptr<Backend>>> MakeCudaBackends(const Table& t)
   size_t dim = 0, payload = 0;
   std::set<size_t> dims;
   for (OpId i = 0; i < t.size(); ++i) {
-    if (size_t n = GemmDim(t.work(i), t.ranks()[t.rank(i)].gpus); n > 0) dims.insert(n);
-    dim = std::max(dim, GemmDim(t.work(i), t.ranks()[t.rank(i)].gpus));
+    if (size_t n = GemmDim(t.work(i), t.ranks()[t.rank(i)].gpus); n > 0)
+      dims.insert(n), dim = std::max(dim, n);
     payload = std::max(payload, static_cast<size_t>(t.work(i).payload_bytes));
   }
   std::unique_ptr<cudadev::Pool> pool;
