@@ -14,7 +14,8 @@ namespace {
 constexpr int kMaxInt = 1 << 24;       // any integer key
 constexpr int kMaxParallel = 1 << 16;  // tp, pp, vp, cp, ep, dp
 constexpr std::string_view kPipelineNames[] = {"gpipe", "1f1b", "interleaved-1f1b"};
-constexpr std::string_view kModalityNames[] = {"inline", "decoupled", "nested", "bubble-fill"};
+constexpr std::string_view kModalityNames[] = {"inline", "decoupled", "nested", "bubble-fill",
+                                               "optimus"};
 constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
 
 // Shared state of one parse: the document, the first error, and where each key was.
@@ -338,6 +339,7 @@ void ReadSchedule(MapReader m, ScheduleConfig* c) {
   m.Enum({"pipeline"}, &c->pipeline, kPipelineNames);
   m.Enum({"modality"}, &c->modality, kModalityNames);
   m.Bool({"decoupled_recompute"}, &c->decoupled_recompute);
+  m.Int({"modality_window"}, &c->modality_window, 0);
   m.Finish();
 }
 
@@ -459,9 +461,6 @@ void CheckConsistency(Config* c, Ctx* ctx) {
   if (c->model.generator.enabled && c->data.manifest.empty() && c->data.generate_height == 0)
     return ctx->FailAt("data",
                        "model.generator needs data.generate {height, width}, or data.manifest");
-  if (c->schedule.modality == ModalityPolicy::kDecoupled && c->model.generator.enabled && p.vp > 1)
-    return ctx->FailAt("schedule.modality",
-                       "decoupled with a generator runs all LLM forwards first and needs vp = 1");
   double weights = 0;
   for (const ImageClass& ic : c->data.images) weights += ic.weight;
   if (!c->data.images.empty() && weights <= 0)

@@ -116,86 +116,12 @@ std::vector<VisionPlacement> PlaceVisionNested(const PipelineShape& s, const Mod
   return out;
 }
 
-std::vector<VisionPlacement> PlaceVisionBubbleFill(const PipelineShape& s, const ModalityWork& w,
-                                                   const Table& text, const Timeline& tl) {
-  // Start from the nested placement, then move whole-image tasks into the idle time the
-  // text timeline predicts before each rank's first text op (the warm-up bubble) and after
-  // its last one (the cool-down bubble), on whichever rank has the most such time left:
-  // forwards in micro-batch order while they still finish before their consumer's text
-  // forward, backwards from the last micro-batch back. Gang shards stay in their round.
-  std::vector<VisionPlacement> out = PlaceVisionNested(s, w, text, tl);
-  const double step = tl.Makespan();
-  TextTimes times(text, tl);
-  const int ranks = s.dp * s.pp;
-  std::vector<double> first(ranks, step), last(ranks, 0.0);  // by stage of the one-replica timeline
-  for (OpId i = 0; i < text.size(); ++i)
-    if (text.module(i) == Module::kText &&
-        (text.kind(i) == OpKind::kF || text.kind(i) == OpKind::kB))
-      for (int r = text.rank(i); r < ranks; r += s.pp) {
-        first[r] = std::min(first[r], tl.start[i]);
-        last[r] = std::max(last[r], tl.end[i]);
-      }
-  auto b_seconds = [&](const VisionTask& t) {
-    return t.seconds * t.b.flops / std::max(t.f.flops, 1.0);
-  };
-  // Busy time already placed at each rank's start (nested up-front forwards) and end.
-  std::vector<double> head(ranks, 0.0), tail(ranks, 0.0);  // seconds
-  for (size_t i = 0; i < w.vision.size(); ++i) {
-    if (out[i].b.mb < 0) tail[out[i].rank] += b_seconds(w.vision[i]);  // released if the task moves
-    if (w.vision[i].shard < 0) continue;  // gangs stay; whole-image tasks are candidates below
-    if (out[i].f.mb == 0 && out[i].f.kind == OpKind::kF && !out[i].f.after)
-      head[out[i].rank] += w.vision[i].seconds;
-  }
-  // Ranks by free warm-up time. A task moves to the rank with the most, when its forward
-  // fits there before its deadline and its backward, queued in the rank's cool-down after
-  // its gradient exists, still ends within the step.
-  using Slot = std::pair<double, int>;  // (free warm-up seconds, rank)
-  std::priority_queue<Slot> warm;
-  std::vector<double> cool_at(ranks);  // when the rank's cool-down queue frees up
-  for (int r = 0; r < ranks; ++r) {
-    warm.push({first[r] - head[r], r});
-    cool_at[r] = last[r] + tail[r];
-  }
-  for (size_t i = 0; i < w.vision.size() && !warm.empty(); ++i) {
-    const VisionTask& t = w.vision[i];
-    if (t.shard >= 0) continue;
-    const int c = FirstStage(s, t.d);
-    const double deadline = times.Start(c, OpKind::kF, t.mb),
-                 release = times.End(c, OpKind::kB, t.mb);
-    const double back = b_seconds(t);
-    std::vector<Slot> tried;  // the few ranks with the most warm-up time, best first
-    for (int attempt = 0; attempt < 8 && !warm.empty(); ++attempt) {
-      auto [free, r] = warm.top();
-      warm.pop();
-      const double done = std::max(cool_at[r], release) + back;
-      if (free < t.seconds || first[r] - free + t.seconds > deadline || done > step) {
-        tried.push_back({free, r});
-        continue;
-      }
-      tried.push_back({free - t.seconds, r});
-      cool_at[r] = done;
-      if (out[i].b.mb < 0) cool_at[out[i].rank] -= back;
-      out[i] = VisionPlacement{r, Before(OpKind::kF, 0, 0), End(), false};
-      break;
-    }
-    for (const Slot& x : tried) warm.push(x);
-  }
-  return out;
-}
-
-std::vector<GeneratorPlacement> PlaceGenerator(const PipelineShape& s, const ModalityWork& w,
-                                               bool decoupled) {
+std::vector<GeneratorPlacement> PlaceGenerator(const PipelineShape& s, const ModalityWork& w) {
   std::vector<GeneratorPlacement> out;
   const int last = s.vp - 1;
-  for (const GeneratorTask& t : w.generator) {
-    GeneratorPlacement p;
-    p.rank = LastStage(s, t.d);
-    p.f = After(OpKind::kF, last, t.mb);
-    // Decoupled: every generator backward waits for all forwards (a phase), so the
-    // generator activations of every micro-batch are alive at once.
-    p.b = decoupled ? Before(OpKind::kB, last, 0) : After(OpKind::kF, last, t.mb);
-    out.push_back(p);
-  }
+  for (const GeneratorTask& t : w.generator)
+    out.push_back(
+        {LastStage(s, t.d), After(OpKind::kF, last, t.mb), After(OpKind::kF, last, t.mb)});
   return out;
 }
 
@@ -230,6 +156,7 @@ Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const 
   struct Ins {
     size_t pos;
     int slot;
+    double at;  // planned start (list-scheduled policies), else 0
     size_t seq;
     PendingOp op;
   };
@@ -246,9 +173,10 @@ Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const 
     }
     return it->second + (a.after ? 1 : 0);
   };
-  auto add = [&](int rank, size_t p, int slot, OpKey key, WorkId work, uint32_t tag = 0) {
+  auto add = [&](int rank, size_t p, int slot, double when, OpKey key, WorkId work,
+                 uint32_t tag = 0) {
     key.rank = rank;
-    ins[rank].push_back({p, slot, counter++, {key, work, tag}});
+    ins[rank].push_back({p, slot, when, counter++, {key, work, tag}});
   };
   for (size_t i = 0; i < w.vision.size(); ++i) {
     const VisionTask& t = w.vision[i];
@@ -260,37 +188,37 @@ Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const 
     if (t.shard >= 0) std::tie(base.peer, gang_tag) = gang[{t.d, t.mb, t.task}];
     OpKey k = base;
     size_t fpos = at(p.rank, p.f), bpos = at(p.rank, p.b);
-    add(p.rank, fpos, 1, k, ids.vision_f[i], gang_tag);
+    add(p.rank, fpos, 1, p.f_at, k, ids.vision_f[i], gang_tag);
     if (p.rank != c) {
       k = base;
       k.kind = OpKind::kSendF, k.peer = c;
-      add(p.rank, fpos, 1, k, ids.vision_out[i], tag);
+      add(p.rank, fpos, 1, p.f_at, k, ids.vision_out[i], tag);
       k.kind = OpKind::kRecvF, k.peer = p.rank;
-      add(c, at(c, Before(OpKind::kF, 0, t.mb)), 2, k, ids.vision_out[i], tag);
+      add(c, at(c, Before(OpKind::kF, 0, t.mb)), 2, 0, k, ids.vision_out[i], tag);
       k.kind = OpKind::kSendB, k.peer = p.rank;
-      add(c, at(c, After(OpKind::kB, 0, t.mb)), 0, k, ids.vision_out[i], tag + 1);
+      add(c, at(c, After(OpKind::kB, 0, t.mb)), 0, 0, k, ids.vision_out[i], tag + 1);
       k.kind = OpKind::kRecvB, k.peer = c;
-      add(p.rank, bpos, 1, k, ids.vision_out[i], tag + 1);
+      add(p.rank, bpos, 1, p.b_at, k, ids.vision_out[i], tag + 1);
     }
     if (p.recompute) {
       k = base, k.kind = OpKind::kRecompute;
-      add(p.rank, bpos, 1, k, ids.vision_recompute[i], gang_tag ? gang_tag + 2 : 0);
+      add(p.rank, bpos, 1, p.b_at, k, ids.vision_recompute[i], gang_tag ? gang_tag + 2 : 0);
     }
     k = base, k.kind = OpKind::kB;
-    add(p.rank, bpos, 1, k, ids.vision_b[i], gang_tag ? gang_tag + 1 : 0);
+    add(p.rank, bpos, 1, p.b_at, k, ids.vision_b[i], gang_tag ? gang_tag + 1 : 0);
   }
   for (size_t i = 0; i < w.generator.size(); ++i) {
     const GeneratorPlacement& p = generator[i];
     OpKey k{0, OpKind::kF, Module::kGenerator, -1, w.generator[i].mb, -1, -1};
-    add(p.rank, at(p.rank, p.f), 1, k, ids.generator_f[i]);
+    add(p.rank, at(p.rank, p.f), 1, -1, k, ids.generator_f[i]);
     k.kind = OpKind::kB;
-    add(p.rank, at(p.rank, p.b), 1, k, ids.generator_b[i]);
+    add(p.rank, at(p.rank, p.b), 1, -1, k, ids.generator_b[i]);
   }
   if (!error.ok()) return error;
   for (size_t r = 0; r < seqs->size(); ++r) {
     if (ins[r].empty()) continue;
     std::stable_sort(ins[r].begin(), ins[r].end(), [](const Ins& a, const Ins& b) {
-      return std::tie(a.pos, a.slot, a.seq) < std::tie(b.pos, b.slot, b.seq);
+      return std::tie(a.pos, a.slot, a.at, a.seq) < std::tie(b.pos, b.slot, b.at, b.seq);
     });
     RankSeq out;
     out.reserve((*seqs)[r].size() + ins[r].size());

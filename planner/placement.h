@@ -1,6 +1,5 @@
 // Modality placement policies: where the vision encoder's and the generator's ops go in
-// the per-rank sequences, without changing the text order (except `decoupled` with a
-// generator, which runs all LLM forwards first, as Optimus-style designs do).
+// the per-rank sequences, without changing the text order.
 //
 // Each policy decides, per task, a rank and anchors (insert before/after a text op);
 // InsertModality then adds the ops and the SEND/RECV pairs that carry visual embeddings to
@@ -30,7 +29,8 @@ struct Anchor {
 struct VisionPlacement {
   int rank = 0;
   Anchor f, b;
-  bool recompute = false;  // RECOMPUTE right before the backward (decoupled DEP)
+  bool recompute = false;     // RECOMPUTE right before the backward (decoupled DEP)
+  double f_at = 0, b_at = 0;  // planned start, s: orders modality ops at one anchor
 };
 
 struct GeneratorPlacement {
@@ -48,15 +48,14 @@ std::vector<VisionPlacement> PlaceVisionInline(const PipelineShape& s, const Mod
 std::vector<VisionPlacement> PlaceVisionDecoupled(const PipelineShape& s, const ModalityWork& w,
                                                   bool recompute);
 // Which rank runs a task is decided by dynamic CP in BuildModalityWork (VisionTask::rank);
-// nested and bubble-fill decide when, on the predicted timeline of one replica without
-// the encoder: `text` is that table (ids rank-major), `tl` its simulated timeline.
-// Bubble-fill also moves whole-image tasks into warm-up and cool-down bubbles.
+// nested decides when, on the predicted timeline of one replica without the encoder:
+// `text` is that table (ids rank-major), `tl` its simulated timeline. This placement is
+// open-loop (anchored on text-only times); bubble-fill and optimus use the closed-loop
+// list scheduler (planner/list_schedule.h).
 std::vector<VisionPlacement> PlaceVisionNested(const PipelineShape& s, const ModalityWork& w,
                                                const Table& text, const Timeline& tl);
-std::vector<VisionPlacement> PlaceVisionBubbleFill(const PipelineShape& s, const ModalityWork& w,
-                                                   const Table& text, const Timeline& tl);
-std::vector<GeneratorPlacement> PlaceGenerator(const PipelineShape& s, const ModalityWork& w,
-                                               bool decoupled);
+// The generator runs on the last stage between the text F and B of the last chunk.
+std::vector<GeneratorPlacement> PlaceGenerator(const PipelineShape& s, const ModalityWork& w);
 
 // Adds the modality ops and their SEND/RECV pairs to text compute sequences.
 // Gang shards (multi-rank CP) get a group of their ranks from `builder`.

@@ -1,8 +1,9 @@
 #include "planner/plan.h"
 
-#include <optional>
+#include <limits>
 
 #include "planner/data.h"
+#include "planner/list_schedule.h"
 #include "planner/lower.h"
 #include "planner/modality.h"
 #include "planner/placement.h"
@@ -17,17 +18,10 @@ bool Multimodal(const Config& c) {
   return c.model.vision.enabled || c.model.generator.enabled;
 }
 
-// Decoupled designs with a generator run every LLM forward before any backward.
-PipelineKind EffectivePipeline(const Config& c) {
-  if (c.schedule.modality == ModalityPolicy::kDecoupled && c.model.generator.enabled)
-    return PipelineKind::kGpipe;
-  return c.schedule.pipeline;
-}
-
 // The predicted timeline of one DP replica of the same plan without the vision encoder
-// (text and generator): nested and bubble-fill anchor vision work on its times and fill
-// its idle gaps. Replicas run the same text schedule, so one stands for all (its stages
-// sit on neighbouring GPUs, so its p2p transfers are a little optimistic).
+// (text and generator): nested anchors vision work on its times. Replicas run the same
+// text schedule, so one stands for all (its stages sit on neighbouring GPUs, so its p2p
+// transfers are a little optimistic).
 StatusOr<std::pair<Table, Timeline>> TextTimeline(const Config& c) {
   Config text = c;
   text.model.vision.enabled = false;
@@ -37,19 +31,63 @@ StatusOr<std::pair<Table, Timeline>> TextTimeline(const Config& c) {
   return std::make_pair(std::move(t), std::move(tl));
 }
 
+// Timing inputs of the list scheduler: text compute per global stage, p2p transfers
+// between neighbouring ranks, the generator's work on the last stage, each vision task.
+ListInput ListInputOf(const Config& c, const PipelineShape& shape,
+                      const std::vector<StageOrder>& orders, const TextWorkload& tw,
+                      const std::vector<RankInfo>& ranks, const ModalityWork& w) {
+  const CostModel cost = CostModel::Real(c.cluster.spec);
+  const int gpus = c.parallel.tp * c.parallel.cp, gpn = c.cluster.gpus_per_node;
+  auto compute = [&](const Work& work, bool across = false) {
+    return cost.ComputeSeconds(work, gpus, c.parallel.tp, c.parallel.ep, gpn, across);
+  };
+  ListInput in;
+  in.shape = shape;
+  in.orders = orders;
+  for (int g = 0; g < shape.stages(); ++g) {
+    in.f_s.push_back(compute(tw.f[g]));
+    in.b_s.push_back(compute(tw.b[g]));
+  }
+  in.next_p2p_s.assign(ranks.size(), 0.0);
+  for (size_t r = 0; r + 1 < ranks.size(); ++r)
+    in.next_p2p_s[r] = cost.P2PSeconds(tw.p2p_bytes, ranks[r].node == ranks[r + 1].node);
+  if (!w.generator.empty()) {
+    in.after_last_f_s.assign(static_cast<size_t>(shape.dp) * shape.m, 0.0);
+    for (const GeneratorTask& t : w.generator)
+      in.after_last_f_s[static_cast<size_t>(t.d) * shape.m + t.mb] = compute(t.f) + compute(t.b);
+  }
+  for (const VisionTask& t : w.vision) {
+    bool across = false;
+    for (int r : t.gang_ranks) across = across || ranks[r].node != ranks[t.rank].node;
+    in.vf_s.push_back(compute(t.f, across));
+    in.vb_s.push_back(compute(t.b, across) + (t.recompute.flops > 0 ? compute(t.recompute) : 0));
+    const int consumer = shape.rank(t.d, 0);
+    in.out_s.push_back(t.rank == consumer ? 0
+                                          : cost.P2PSeconds(t.out_bytes, ranks[t.rank].node ==
+                                                                             ranks[consumer].node));
+  }
+  return in;
+}
+
+// The list scheduler's rules for a policy (list_schedule.h). Bubble-fill: every gap,
+// whole-image forwards move to ranks in a gap. Optimus: the same gaps, no moves, and
+// backwards only in gaps or after the text (the encoder state of every micro-batch kept).
+ListRules RulesOf(ModalityPolicy policy) {
+  ListRules r;
+  r.pace = false;
+  r.steal = policy == ModalityPolicy::kBubbleFill;
+  r.backward_in_gaps_only = policy == ModalityPolicy::kOptimus;
+  return r;
+}
+
 Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch& batch,
-                   TableBuilder* b, std::vector<RankSeq>* seqs, std::vector<ModalitySync>* sync) {
+                   const std::vector<StageOrder>& orders, const TextWorkload& tw,
+                   const std::vector<RankInfo>& ranks, TableBuilder* b, std::vector<RankSeq>* seqs,
+                   std::vector<ModalitySync>* sync) {
   const ModalityPolicy policy = c.schedule.modality;
   const bool decoupled = policy == ModalityPolicy::kDecoupled;
-  const bool timed = policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill;
-  // Nested and bubble-fill place vision work on the predicted timeline of the plan
-  // without it.
-  std::optional<std::pair<Table, Timeline>> text;
   VisionPool pool;
   pool.consumer_only = policy == ModalityPolicy::kInline;
-  if (timed && c.model.vision.enabled) {
-    ASSIGN_OR_RETURN(text, TextTimeline(c));
-  }
   ModalityWork w = BuildModalityWork(c, batch, pool, decoupled && c.schedule.decoupled_recompute);
   ModalityWorkIds ids;
   for (const VisionTask& t : w.vision) {
@@ -73,13 +111,22 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
       vision = PlaceVisionDecoupled(shape, w, c.schedule.decoupled_recompute);
       break;
     case ModalityPolicy::kNested:
-      if (text) vision = PlaceVisionNested(shape, w, text->first, text->second);
+      if (!w.vision.empty()) {
+        ASSIGN_OR_RETURN(auto text, TextTimeline(c));
+        vision = PlaceVisionNested(shape, w, text.first, text.second);
+      }
       break;
     case ModalityPolicy::kBubbleFill:
-      if (text) vision = PlaceVisionBubbleFill(shape, w, text->first, text->second);
+    case ModalityPolicy::kOptimus:
+      if (!w.vision.empty()) {
+        ASSIGN_OR_RETURN(
+            ListResult placed,
+            ScheduleModality(ListInputOf(c, shape, orders, tw, ranks, w), w, RulesOf(policy)));
+        vision = std::move(placed.vision);
+      }
       break;
   }
-  auto generator = PlaceGenerator(shape, w, decoupled);
+  auto generator = PlaceGenerator(shape, w);
   RETURN_IF_ERROR(InsertModality(seqs, shape, w, ids, vision, generator, b));
   // Gradients of the FSDP-sharded modality parameters: full fp32 gradient in, shard out.
   for (auto [module, params] : {std::pair{Module::kVision, w.vision_params},
@@ -128,10 +175,11 @@ StatusOr<Config> ConfigOfPlan(const Table& plan, const std::string& plan_path,
   return ParseConfig(std::move(doc));
 }
 
-StatusOr<Table> BuildPlan(const Config& c) {
+// One plan of the config's policy (BuildPlan may compare two).
+static StatusOr<Table> BuildOnePlan(const Config& c) {
   const ParallelConfig& p = c.parallel;
   PipelineShape shape{p.pp, p.vp, p.dp, c.training.microbatches};
-  const PipelineKind pipeline = EffectivePipeline(c);
+  const PipelineKind pipeline = c.schedule.pipeline;
   ASSIGN_OR_RETURN(auto orders, TextSchedule(pipeline, p.pp, p.vp, shape.m,
                                              p.microbatch_group_size_per_vp_stage));
   TextWorkload tw = BuildTextWorkload(c);
@@ -189,7 +237,7 @@ StatusOr<Table> BuildPlan(const Config& c) {
   std::vector<ModalitySync> modality_sync;
   int32_t all_ranks = -1;
   if (Multimodal(c)) {
-    RETURN_IF_ERROR(AddModality(c, shape, batch, &b, &seqs, &modality_sync));
+    RETURN_IF_ERROR(AddModality(c, shape, batch, orders, tw, ranks, &b, &seqs, &modality_sync));
     if (!modality_sync.empty() && ranks.size() > 1) {
       std::vector<int32_t> members(ranks.size());
       for (size_t r = 0; r < ranks.size(); ++r) members[r] = static_cast<int32_t>(r);
@@ -213,6 +261,34 @@ StatusOr<Table> BuildPlan(const Config& c) {
                               : static_cast<double>(c.training.micro_batch_size) * shape.m * p.dp;
   meta.config_yaml = c.resolved_yaml;
   return b.Finish(std::move(meta));
+}
+
+namespace {
+// (out of memory, step seconds) of a plan as the simulator predicts it.
+std::pair<bool, double> Predicted(const Config& c, const Table& t) {
+  const SimOptions o = SimOptionsFor(c);
+  auto tl = Simulate(t, o.cost.Durations(t));
+  if (!tl.ok()) return {true, std::numeric_limits<double>::infinity()};
+  bool oom = false;
+  for (const RankMemory& m : ComputeMemory(t, *tl, o.memory, false)) oom = oom || m.oom;
+  return {oom, tl->Makespan()};
+}
+}  // namespace
+
+StatusOr<Table> BuildPlan(const Config& c) {
+  ASSIGN_OR_RETURN(Table plan, BuildOnePlan(c));
+  // Bubble-fill may use every placement nested may: it keeps nested's where that fits in
+  // memory when its own does not, or is faster.
+  if (c.schedule.modality == ModalityPolicy::kBubbleFill && c.model.vision.enabled) {
+    Config nested = c;
+    nested.schedule.modality = ModalityPolicy::kNested;
+    ASSIGN_OR_RETURN(Table other, BuildOnePlan(nested));
+    if (Predicted(c, other) < Predicted(c, plan)) {
+      other.mutable_meta().modality = plan.meta().modality;
+      return other;
+    }
+  }
+  return plan;
 }
 
 }  // namespace pipeplan

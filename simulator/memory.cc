@@ -52,7 +52,7 @@ std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const 
     auto record = [&](double time) {
       double total = std::accumulate(cur.begin(), cur.end(), 0.0);
       for (int c = 0; c < kNumMemCats; ++c) rm.peak_by_cat[c] = std::max(rm.peak_by_cat[c], cur[c]);
-      if (total > rm.peak_bytes) rm.peak_bytes = total, rm.peak_time_s = time;
+      if (total > rm.peak_bytes) rm.peak_bytes = total, rm.peak_time_s = time, rm.at_peak = cur;
       if (with_curves) rm.curve.push_back({time, cur});
     };
     record(0);

@@ -40,6 +40,7 @@ struct RankMemory {
   std::array<double, kNumMemCats> peak_by_cat{};  // each category's own peak, bytes
   double peak_bytes = 0;                          // peak of the total, bytes
   double peak_time_s = 0;
+  std::array<double, kNumMemCats> at_peak{};  // each category at the total's peak, bytes
   bool oom = false;
   std::vector<MemorySample> curve;  // one sample per change (if requested)
 };

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <tuple>
 
 #include "simulator/engine.h"
 
@@ -29,23 +30,24 @@ std::array<double, 3> MinMeanMax(const std::vector<double>& v) {
           *std::max_element(v.begin(), v.end())};
 }
 
-// Hidden fraction of one module (see Metrics), or -1 if the plan has none of it.
-StatusOr<double> HiddenFraction(const Table& t, const std::vector<double>& dur, double step,
-                                Module module) {
+// Exposed seconds and hidden fraction of one module (see Metrics); {-1, -1} if the plan
+// has none of it.
+StatusOr<std::pair<double, double>> Exposure(const Table& t, const std::vector<double>& dur,
+                                             double step, Module module) {
   std::vector<double> without = dur;
-  std::vector<double> per_rank(t.num_ranks(), 0.0);
+  double busy = 0;
   bool any = false;
   for (OpId i = 0; i < t.size(); ++i) {
     if (t.module(i) != module) continue;
     any = true;
-    if (IsCompute(t.kind(i))) per_rank[t.rank(i)] += dur[i];
+    if (IsCompute(t.kind(i))) busy += dur[i];
     without[i] = 0;
   }
-  if (!any) return -1.0;
+  if (!any) return std::pair{-1.0, -1.0};
   ASSIGN_OR_RETURN(Timeline tl, Simulate(t, without));
-  double busiest = *std::max_element(per_rank.begin(), per_rank.end());
-  if (busiest <= 0) return 1.0;
-  return std::clamp(1 - (step - tl.Makespan()) / busiest, 0.0, 1.0);
+  const double exposed = std::max(0.0, step - tl.Makespan());
+  const double mean = busy / std::max(1, t.num_ranks());
+  return std::pair{exposed, mean > 0 ? std::clamp(1 - exposed / mean, 0.0, 1.0) : 1.0};
 }
 
 void VisionLoad(const Table& t, const std::vector<double>& dur, Metrics* m) {
@@ -66,10 +68,10 @@ StatusOr<SimResult> RunSimulation(const Table& t, const SimOptions& o) {
   ASSIGN_OR_RETURN(r.timeline, Simulate(t, r.durations));
   r.memory = ComputeMemory(t, r.timeline, o.memory, o.memory_curves);
   r.metrics = ComputeMetrics(t, r.timeline, r.durations, r.memory, o.cost, o.memory.hbm_bytes);
-  ASSIGN_OR_RETURN(r.metrics.vision_hidden_fraction,
-                   HiddenFraction(t, r.durations, r.metrics.step_time_s, Module::kVision));
-  ASSIGN_OR_RETURN(r.metrics.generator_hidden_fraction,
-                   HiddenFraction(t, r.durations, r.metrics.step_time_s, Module::kGenerator));
+  ASSIGN_OR_RETURN(auto vision, Exposure(t, r.durations, r.metrics.step_time_s, Module::kVision));
+  std::tie(r.metrics.vision_exposed_s, r.metrics.vision_hidden_fraction) = vision;
+  ASSIGN_OR_RETURN(auto gen, Exposure(t, r.durations, r.metrics.step_time_s, Module::kGenerator));
+  std::tie(r.metrics.generator_exposed_s, r.metrics.generator_hidden_fraction) = gen;
   VisionLoad(t, r.durations, &r.metrics);
   return r;
 }
@@ -100,6 +102,12 @@ Metrics ComputeMetrics(const Table& t, const Timeline& tl, const std::vector<dou
       rm.oom = mem.oom;
     }
     busy_total += rm.busy_s;
+    m.lower_bound_s = std::max(m.lower_bound_s, rm.busy_s);
+    if (rm.oom && m.oom_detail.empty() && r < static_cast<int32_t>(memory.size())) {
+      m.oom_detail = fmt::format("rank {} at {:.4g} s:", r, memory[r].peak_time_s);
+      for (int c = 0; c < kNumMemCats; ++c)
+        m.oom_detail += fmt::format(" {} {:.2f} GiB", MemCatName(c), memory[r].at_peak[c] / kGiB);
+    }
     m.peak_memory_bytes = std::max(m.peak_memory_bytes, rm.peak_memory_bytes);
     m.oom = m.oom || rm.oom;
     m.ranks.push_back(rm);
@@ -144,7 +152,12 @@ nlohmann::json MetricsJson(const Metrics& m) {
           {"gpus", m.world_gpus},
           {"ranks", ranks},
           {"critical_path", m.critical_path},
+          {"lower_bound_s", m.lower_bound_s},
+          {"step_over_bound", m.lower_bound_s > 0 ? m.step_time_s / m.lower_bound_s : 0},
+          {"oom_detail", m.oom_detail},
+          {"vision_exposed_s", m.vision_exposed_s},
           {"vision_hidden_fraction", m.vision_hidden_fraction},
+          {"generator_exposed_s", m.generator_exposed_s},
           {"generator_hidden_fraction", m.generator_hidden_fraction},
           {"vision_load_before_s", m.vision_load_before},
           {"vision_load_after_s", m.vision_load_after}};
@@ -153,6 +166,9 @@ nlohmann::json MetricsJson(const Metrics& m) {
 std::string MetricsText(const Metrics& m) {
   std::string s;
   s += fmt::format("step time        {:.6g} s\n", m.step_time_s);
+  if (m.lower_bound_s > 0)
+    s += fmt::format("lower bound      {:.6g} s (busiest rank's compute; step / bound {:.3f})\n",
+                     m.lower_bound_s, m.step_time_s / m.lower_bound_s);
   s += fmt::format("bubble fraction  {:.2f} %\n", 100 * m.bubble_fraction);
   s += fmt::format("MFU              {:.2f} %\n", 100 * m.mfu);
   s += fmt::format("throughput       {:.6g} tokens/s, {:.6g} samples/s\n", m.tokens_per_s,
@@ -160,10 +176,12 @@ std::string MetricsText(const Metrics& m) {
   s += fmt::format("peak memory      {:.2f} GiB per GPU of {:.2f} GiB{}\n",
                    m.peak_memory_bytes / kGiB, m.hbm_bytes / kGiB,
                    m.oom ? "  ** OUT OF MEMORY **" : "");
+  if (!m.oom_detail.empty()) s += fmt::format("  out of memory on {}\n", m.oom_detail);
   s += fmt::format("ops              {}  ({} GPUs)\n", m.ops, m.world_gpus);
   if (m.vision_hidden_fraction >= 0) {
-    s += fmt::format("vision hidden    {:.1f} % of the busiest rank's encoder time\n",
-                     100 * m.vision_hidden_fraction);
+    s +=
+        fmt::format("vision exposed   {:.4g} s (hidden {:.1f} % of the mean rank's encoder time)\n",
+                    m.vision_exposed_s, 100 * m.vision_hidden_fraction);
     s += fmt::format(
         "vision load      {:.4g} / {:.4g} / {:.4g} s per rank (min / mean / max; all on consumers: "
         "{:.4g} / {:.4g} / {:.4g} s)\n",
@@ -171,8 +189,9 @@ std::string MetricsText(const Metrics& m) {
         m.vision_load_before[0], m.vision_load_before[1], m.vision_load_before[2]);
   }
   if (m.generator_hidden_fraction >= 0)
-    s += fmt::format("generator hidden {:.1f} % of the busiest rank's generator time\n",
-                     100 * m.generator_hidden_fraction);
+    s += fmt::format(
+        "generator exposed {:.4g} s (hidden {:.1f} % of the mean rank's generator time)\n",
+        m.generator_exposed_s, 100 * m.generator_hidden_fraction);
   s += fmt::format("critical path    {} ops", m.critical_path.size());
   if (!m.critical_path.empty())
     s += fmt::format(": {} ... {}", m.critical_path.front(), m.critical_path.back());

@@ -33,15 +33,20 @@ struct Metrics {
   double peak_memory_bytes = 0;  // max over ranks, per GPU
   double hbm_bytes = 0;          // capacity per GPU
   bool oom = false;
+  std::string oom_detail;  // the first rank out of memory: its bytes by category at its peak
   size_t ops = 0;
   int world_gpus = 0;
   std::vector<RankMetrics> ranks;
   std::vector<std::string> critical_path;  // op strings, in time order
 
-  // Modalities (-1 when the plan has none). Hidden fraction: share of the busiest rank's
-  // modality compute that did not extend the step, against the same plan with that
-  // module's costs set to zero: 1 - (step - step without) / busiest rank's module time.
+  // Lower bound of the step: the busiest rank's compute (no schedule can be faster), s.
+  double lower_bound_s = 0;
+  // Modalities (-1 when the plan has none). Exposed: step - the same plan with that
+  // module's op durations (compute and transfers) set to zero, s. Hidden fraction:
+  // 1 - exposed / the mean over ranks of that module's compute seconds (clamped to [0, 1]).
+  double vision_exposed_s = -1;
   double vision_hidden_fraction = -1;
+  double generator_exposed_s = -1;
   double generator_hidden_fraction = -1;
   // Vision compute seconds per rank: before = if every task ran on its consumer (the
   // replica's first stage), after = as placed. {min, mean, max} over ranks.

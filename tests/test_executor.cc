@@ -43,14 +43,14 @@ TEST_CASE("gradient equivalence: gpipe, 1f1b, interleaved 1f1b, with data parall
 }
 
 TEST_CASE("gradient equivalence: every modality policy, with a generator and with DEP recompute") {
-  for (std::string policy : {"inline", "decoupled", "nested", "bubble-fill"}) {
+  for (std::string policy : {"inline", "decoupled", "nested", "bubble-fill", "optimus"}) {
     CAPTURE(policy);
     ExpectEquivalent(Plan(MultimodalConfig(policy)));
     ExpectEquivalent(
         Plan(MultimodalConfig(policy, {"schedule.pipeline=interleaved-1f1b", "parallelism.vp=2"})));
   }
   ExpectEquivalent(Plan(MultimodalConfig("decoupled", {"schedule.decoupled_recompute=true"})));
-  for (std::string policy : {"inline", "nested"})
+  for (std::string policy : {"inline", "decoupled", "nested", "bubble-fill", "optimus"})
     ExpectEquivalent(Plan(
         MultimodalConfig(policy, {"model.generator={layers: 2, hidden: 512, mlp: 2048, heads: 8}",
                                   "data.generate={height: 256, width: 256}"})));

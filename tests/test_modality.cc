@@ -81,7 +81,7 @@ TEST_CASE("patches and visual tokens follow the patch and merge sizes") {
 
 TEST_CASE(
     "every policy's plan validates, for 1F1B and interleaved 1F1B, with and without a generator") {
-  for (std::string policy : {"inline", "decoupled", "nested", "bubble-fill"}) {
+  for (std::string policy : {"inline", "decoupled", "nested", "bubble-fill", "optimus"}) {
     for (bool interleaved : {false, true}) {
       CAPTURE(policy);
       CAPTURE(interleaved);

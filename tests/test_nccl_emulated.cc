@@ -98,7 +98,7 @@ std::vector<std::string> Narrow(std::vector<std::string> sets) {
 TEST_CASE("NCCL backend, emulated: every policy runs, every transfer arrives where it was sent") {
   RunOptions o;
   o.op_timeout_s = 30;
-  for (std::string policy : {"inline", "decoupled", "nested", "bubble-fill"}) {
+  for (std::string policy : {"inline", "decoupled", "nested", "bubble-fill", "optimus"}) {
     CAPTURE(policy);
     // pp = 4 over 8 GPUs (dp = 2): vision embeddings overtaking text transfers, gangs of
     // multi-rank CP, gradient collectives.

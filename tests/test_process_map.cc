@@ -90,7 +90,7 @@ TEST_CASE("one process per GPU: ranks holding several GPUs map to consecutive pr
 
 TEST_CASE("communicator rounds: disjoint, complete, and few for every policy") {
   size_t gangs = 0;
-  for (std::string policy : {"inline", "decoupled", "nested", "bubble-fill"}) {
+  for (std::string policy : {"inline", "decoupled", "nested", "bubble-fill", "optimus"}) {
     CAPTURE(policy);
     Table t = Plan(Multimodal(policy, {"parallelism.dp=2", "cluster.gpus_per_node=4",
                                        "cluster.nodes=2", "model.vision.cp_max_group=4"}));
@@ -153,7 +153,7 @@ TEST_CASE("receives are posted in the sender's order, early transfers are held")
             0);
   // Vision embeddings from a pool rank overtake text transfers between the same two ranks.
   size_t early = 0;
-  for (std::string policy : {"inline", "decoupled", "nested", "bubble-fill"}) {
+  for (std::string policy : {"inline", "decoupled", "nested", "bubble-fill", "optimus"}) {
     CAPTURE(policy);
     early += ExpectSenderOrder(Plan(Multimodal(policy)));
     early += ExpectSenderOrder(

@@ -1,0 +1,588 @@
+#include "planner/list_schedule.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <queue>
+#include <set>
+
+namespace pipeplan {
+namespace {
+
+constexpr double kUnknown = -1;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr int kNone = -1;
+constexpr int kScan = 16;  // forwards looked at per decision (earliest deadlines first)
+
+// One pass of the list scheduler.
+class Pass {
+ public:
+  // `deadline`: per (d * m + mb), predicted start of the consumer's text F(0, mb);
+  // empty = a text-only pass.
+  Pass(const ListInput& in, const ModalityWork& w, const ListRules& rules,
+       const std::vector<double>& deadline)
+      : in_(in), w_(w), rules_(rules), s_(in.shape), deadline_(deadline) {}
+
+  Status Run();
+  double makespan() const { return makespan_; }
+  // Start of each consumer's text F(0, mb), per (d * m + mb).
+  std::vector<double> ConsumerStarts() const;
+  std::vector<VisionPlacement> Placements() const;
+
+ private:
+  struct Job {
+    int rank = 0;
+    int state = 0;  // 0 not started, 1 forward placed, 2 backward placed
+    double f_start = 0, release = kUnknown;
+    int f_pos = 0, b_pos = 0;  // text position on the rank when the op was placed
+    double b_start = 0;
+    int gang = kNone;
+  };
+  struct Gang {
+    std::vector<int> tasks;
+    int posted = 0;
+    double ready = 0;
+    int number = 0;  // initiation order (followers post in this order)
+    bool backward = false;
+  };
+  bool vision() const { return !deadline_.empty(); }
+  int Stage(int r) const { return r % s_.pp; }
+  int Replica(int r) const { return r / s_.pp; }
+  int RankOf(int d, int global_stage) const { return s_.rank(d, global_stage % s_.pp); }
+  int PosOf(int stage, OpKind k, int chunk, int mb) const {
+    return pos_of_[stage][(static_cast<size_t>(chunk) * s_.m + mb) * 2 + (k == OpKind::kB)];
+  }
+  double Duration(int r, int i) const;
+  double Transfer(int a, int b) const;
+  double ReadyTime(int r) const;
+  void Push(int r) { heap_.push({free_[r], r}); }
+  void Wake(int r) {
+    if (parked_[r]) parked_[r] = 0, Push(r);
+  }
+  bool Decide(int r);
+  bool FollowDue(int r, bool now);
+  void RunText(int r, double start);
+  void RunForward(int task, int r, double start);
+  void RunBackward(int task, double start);
+  bool TryGang(int r, int gang);
+  void Post(int r, int gang);
+  int PickForward(int r, double t, double gap, bool any_window = false);
+  int PickBackward(int r, double t, double gap);
+  int Steal(double t, double gap);
+  // Pacing: vision work done on r trails the even spread of its total over the step.
+  bool Behind(int r) const {
+    return vision_total_[r] > 0 && vision_done_[r] < vision_total_[r] * free_[r] / horizon_;
+  }
+  double Deadline(int task) const {
+    const VisionTask& v = w_.vision[task];
+    return deadline_[static_cast<size_t>(v.d) * s_.m + v.mb];
+  }
+  double LatestStart(int task) const { return Deadline(task) - in_.vf_s[task] - in_.out_s[task]; }
+  bool WindowOpen(int task, double t) const;
+  // Window: the backward of micro-batch m should end before its consumer's text forward
+  // of m + window is predicted to start.
+  double BackwardDeadline(int task) const {
+    const VisionTask& v = w_.vision[task];
+    const int w = rules_.backward_window;
+    if (w <= 0 || v.mb + w >= s_.m) return kInf;
+    return deadline_[static_cast<size_t>(v.d) * s_.m + v.mb + w];
+  }
+
+  const ListInput& in_;
+  const ModalityWork& w_;
+  const ListRules& rules_;
+  const PipelineShape s_;
+  const std::vector<double>& deadline_;
+  std::vector<std::vector<int>> pos_of_;  // per stage: (chunk, mb, kind) -> position
+  std::vector<int> pos_;
+  std::vector<double> free_;
+  std::vector<std::vector<double>> start_, end_;  // per rank, per text position
+  std::vector<uint8_t> parked_;
+  std::vector<int> posted_;  // gang a rank waits in, or kNone
+  std::vector<double> text_done_, text_total_, vision_done_, vision_total_;
+  std::vector<Job> jobs_;
+  std::vector<Gang> gangs_;
+  int gangs_initiated_ = 0;
+  std::vector<std::vector<int>> forwards_;  // per rank: tasks by deadline
+  std::vector<size_t> first_open_;          // per rank: index of the first forward not placed
+  // Per rank: gangs initiated elsewhere that it has not posted, with the text position
+  // the initiator had (the rank posts when it reaches that position: the same gap, since
+  // a gang's ranks are one stage of different replicas).
+  std::vector<std::vector<std::pair<int, int>>> follow_;
+  using Released = std::pair<double, int>;  // (release time, task)
+  std::vector<std::priority_queue<Released, std::vector<Released>, std::greater<>>> released_;
+  std::vector<int> outstanding_;     // per (d, mb): vision forwards not yet placed
+  std::vector<double> arrival_;      // per (d, mb): last vision output's arrival
+  std::vector<int> consumer_tasks_;  // CSR per (d, mb): tasks
+  std::vector<int> consumer_begin_;
+  std::set<std::pair<double, int>> stealable_;  // (forward seconds, task)
+  std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>>
+      heap_;
+  double makespan_ = 0;
+  double horizon_ = 1;  // predicted step, s (pacing)
+};
+
+double Pass::Duration(int r, int i) const {
+  const Step& st = in_.orders[Stage(r)][i];
+  const int g = st.chunk * s_.pp + Stage(r);
+  if (st.kind == OpKind::kB) return in_.b_s[g];
+  double d = in_.f_s[g];
+  if (g == s_.stages() - 1 && !in_.after_last_f_s.empty())
+    d += in_.after_last_f_s[static_cast<size_t>(Replica(r)) * s_.m + st.mb];
+  return d;
+}
+
+double Pass::Transfer(int a, int b) const {
+  if (a == b) return 0;
+  return in_.next_p2p_s[std::min(a, b)];
+}
+
+// When rank r's next text op may start: kUnknown while an op it waits for is not placed.
+double Pass::ReadyTime(int r) const {
+  const int s = Stage(r), d = Replica(r), i = pos_[r];
+  const Step& st = in_.orders[s][i];
+  const int g = st.chunk * s_.pp + s, S = s_.stages();
+  double ready = 0;
+  if (st.kind == OpKind::kF) {
+    if (g > 0) {
+      const int q = RankOf(d, g - 1);
+      const double e = end_[q][PosOf(Stage(q), OpKind::kF, (g - 1) / s_.pp, st.mb)];
+      if (e == kUnknown) return kUnknown;
+      ready = e + Transfer(q, r);
+    } else if (vision()) {
+      const size_t k = static_cast<size_t>(d) * s_.m + st.mb;
+      if (outstanding_[k] > 0) return kUnknown;
+      ready = arrival_[k];
+    }
+  } else {
+    const int q = g < S - 1 ? RankOf(d, g + 1) : r;
+    const int p = g < S - 1 ? PosOf(Stage(q), OpKind::kB, (g + 1) / s_.pp, st.mb)
+                            : PosOf(s, OpKind::kF, st.chunk, st.mb);
+    const double e = end_[q][p];
+    if (e == kUnknown) return kUnknown;
+    ready = e + Transfer(q, r);
+  }
+  return ready;
+}
+
+bool Pass::WindowOpen(int task, double t) const {
+  if (rules_.window <= 0) return true;
+  const VisionTask& v = w_.vision[task];
+  const int m = v.mb - rules_.window;
+  if (m < 0) return true;
+  const int c = s_.rank(v.d, 0);
+  const double st = start_[c][PosOf(0, OpKind::kF, 0, m)];
+  return st != kUnknown && st <= t;
+}
+
+// The unplaced forward on r with the earliest deadline whose window is open at t and that
+// fits `gap` (gangs: all of their ranks are free to post).
+int Pass::PickForward(int r, double t, double gap, bool any_window) {
+  auto& list = forwards_[r];
+  size_t& first = first_open_[r];
+  while (first < list.size() && jobs_[list[first]].state != 0) ++first;
+  for (size_t k = first, seen = 0; k < list.size() && seen < kScan; ++k) {
+    const int task = list[k];
+    if (jobs_[task].state != 0 || jobs_[task].rank != r) continue;
+    ++seen;
+    if (in_.vf_s[task] > gap || (!any_window && !WindowOpen(task, t))) continue;
+    return task;
+  }
+  return kNone;
+}
+
+int Pass::PickBackward(int r, double t, double gap) {
+  auto& q = released_[r];
+  while (!q.empty() && jobs_[q.top().second].state == 2) q.pop();  // ran in a gang
+  if (q.empty() || q.top().first > t) return kNone;
+  const int task = q.top().second;
+  return in_.vb_s[task] <= gap ? task : kNone;
+}
+
+int Pass::Steal(double t, double gap) {
+  auto it = stealable_.upper_bound({gap, std::numeric_limits<int>::max()});
+  for (int tries = 0; tries < kScan && it != stealable_.begin(); ++tries) {
+    --it;
+    const int task = it->second;
+    if (t + in_.vf_s[task] + in_.out_s[task] <= Deadline(task)) return task;
+  }
+  return kNone;
+}
+
+void Pass::RunText(int r, double start) {
+  const int s = Stage(r), d = Replica(r), i = pos_[r];
+  const Step& st = in_.orders[s][i];
+  const double dur = Duration(r, i);
+  start_[r][i] = start;
+  end_[r][i] = start + dur;
+  free_[r] = start + dur;
+  text_done_[r] += dur;
+  ++pos_[r];
+  const int g = st.chunk * s_.pp + s, S = s_.stages();
+  if (st.kind == OpKind::kF && g < S - 1) Wake(RankOf(d, g + 1));
+  if (st.kind == OpKind::kB && g > 0) Wake(RankOf(d, g - 1));
+  if (vision() && g == 0 && st.kind == OpKind::kB) {
+    // Gradients of micro-batch st.mb's visual tokens go back to the tasks' ranks.
+    const size_t k = static_cast<size_t>(d) * s_.m + st.mb;
+    for (int j = consumer_begin_[k]; j < consumer_begin_[k + 1]; ++j) {
+      const int task = consumer_tasks_[j];
+      Job& job = jobs_[task];
+      job.release = free_[r] + in_.out_s[task];
+      released_[job.rank].push({job.release, task});
+      if (pos_[job.rank] >= static_cast<int>(in_.orders[Stage(job.rank)].size())) Wake(job.rank);
+    }
+  }
+  if (vision() && g == 0 && st.kind == OpKind::kF) {
+    // A window may have opened for forwards of later micro-batches.
+    const size_t k = static_cast<size_t>(d) * s_.m + st.mb + rules_.window;
+    if (rules_.window > 0 && st.mb + rules_.window < s_.m)
+      for (int j = consumer_begin_[k]; j < consumer_begin_[k + 1]; ++j)
+        Wake(jobs_[consumer_tasks_[j]].rank);
+  }
+  Push(r);
+}
+
+void Pass::RunForward(int task, int r, double start) {
+  Job& job = jobs_[task];
+  const VisionTask& v = w_.vision[task];
+  if (job.rank != r) {  // stolen
+    vision_total_[job.rank] -= in_.vf_s[task] + in_.vb_s[task];
+    vision_total_[r] += in_.vf_s[task] + in_.vb_s[task];
+    job.rank = r;
+  }
+  stealable_.erase({in_.vf_s[task], task});
+  job.state = 1;
+  job.f_start = start;
+  job.f_pos = pos_[r];
+  vision_done_[r] += in_.vf_s[task];
+  const double end = start + in_.vf_s[task];
+  const size_t k = static_cast<size_t>(v.d) * s_.m + v.mb;
+  arrival_[k] = std::max(arrival_[k], end + (r == s_.rank(v.d, 0) ? 0 : in_.out_s[task]));
+  if (--outstanding_[k] == 0) Wake(s_.rank(v.d, 0));
+}
+
+void Pass::RunBackward(int task, double start) {
+  Job& job = jobs_[task];
+  job.state = 2;
+  job.b_start = start;
+  job.b_pos = pos_[job.rank];
+  vision_done_[job.rank] += in_.vb_s[task];
+}
+
+// Whether r may start gang `g` now: every member is free of other gangs.
+bool Pass::TryGang(int r, int g) {
+  if (!follow_[r].empty()) return false;  // it posts the gangs it follows first
+  for (int task : gangs_[g].tasks) {
+    const int q = jobs_[task].rank;
+    if (q != r && posted_[q] != kNone) return false;
+    if (gangs_[g].backward && jobs_[task].release == kUnknown) return false;
+  }
+  gangs_[g].number = gangs_initiated_++;
+  for (int task : gangs_[g].tasks) {
+    const int q = jobs_[task].rank;
+    if (q == r) continue;
+    follow_[q].push_back({g, pos_[r]});
+    Wake(q);
+  }
+  Post(r, g);
+  return true;
+}
+
+void Pass::Post(int r, int g) {
+  Gang& gang = gangs_[g];
+  posted_[r] = g;
+  gang.ready = std::max(gang.ready, free_[r]);
+  if (gang.backward)
+    for (int task : gang.tasks)
+      if (jobs_[task].rank == r) gang.ready = std::max(gang.ready, jobs_[task].release);
+  if (++gang.posted < static_cast<int>(gang.tasks.size())) return;
+  double dur = 0;
+  for (int task : gang.tasks) dur = std::max(dur, gang.backward ? in_.vb_s[task] : in_.vf_s[task]);
+  for (int task : gang.tasks) {
+    const int q = jobs_[task].rank;
+    if (gang.backward)
+      RunBackward(task, gang.ready);
+    else
+      RunForward(task, q, gang.ready);
+    posted_[q] = kNone;
+    free_[q] = gang.ready + dur;
+    Push(q);
+  }
+}
+
+// Posts the earliest-initiated gang r follows, when r has reached its position (or
+// always, with `now`). Gangs are posted in initiation order on every rank, so no two
+// ranks wait for each other.
+bool Pass::FollowDue(int r, bool now) {
+  if (follow_[r].empty()) return false;
+  auto it = std::min_element(follow_[r].begin(), follow_[r].end(), [&](auto& a, auto& b) {
+    return gangs_[a.first].number < gangs_[b.first].number;
+  });
+  if (!now && it->second > pos_[r]) return false;
+  const int g = it->first;
+  follow_[r].erase(it);
+  Post(r, g);
+  return true;
+}
+
+// One decision of rank r at its free time; false when it parks.
+bool Pass::Decide(int r) {
+  const double t = free_[r];
+  if (posted_[r] != kNone) return true;  // waits in a gang; the gang's start pushes it
+  if (FollowDue(r, false)) return true;
+  const int n = static_cast<int>(in_.orders[Stage(r)].size());
+  const bool text_left = pos_[r] < n;
+  const double ready = text_left ? ReadyTime(r) : kInf;
+  // A forward that must start now to meet its deadline.
+  auto run = [&](int task, bool backward) {
+    const int g = jobs_[task].gang;
+    if (g != kNone) {
+      const int gi = backward ? g + 1 : g;
+      return TryGang(r, gi);
+    }
+    if (backward) {
+      released_[r].pop();
+      RunBackward(task, t);
+      free_[r] = t + in_.vb_s[task];
+    } else {
+      RunForward(task, r, t);
+      free_[r] = t + in_.vf_s[task];
+    }
+    Push(r);
+    return true;
+  };
+  auto try_run = [&](int task, bool backward) { return task != kNone && run(task, backward); };
+  if (vision()) {
+    const int urgent = PickForward(r, t, kInf);
+    if (urgent != kNone && LatestStart(urgent) <= t && try_run(urgent, false)) return true;
+    const int late = PickBackward(r, t, kInf);
+    if (late != kNone && BackwardDeadline(late) - in_.vb_s[late] <= t && try_run(late, true))
+      return true;
+  }
+  if (text_left && ready != kUnknown && ready <= t) {
+    if (rules_.pace && Behind(r)) {
+      const bool b_allowed = !rules_.backward_in_gaps_only;
+      if (b_allowed && try_run(PickBackward(r, t, kInf), true)) return true;
+      if (try_run(PickForward(r, t, kInf), false)) return true;
+    }
+    RunText(r, t);
+    return true;
+  }
+  if (text_left && ready == kUnknown) {
+    parked_[r] = 1;  // woken when the op it waits for is placed
+    return false;
+  }
+  const double gap = text_left ? ready - t : kInf;
+  if (try_run(PickBackward(r, t, gap), true)) return true;
+  if (try_run(PickForward(r, t, gap), false)) return true;
+  if (rules_.steal && text_left && try_run(Steal(t, gap), false)) return true;
+  if (text_left) {
+    if (rules_.pace && Behind(r)) {
+      if (!rules_.backward_in_gaps_only && try_run(PickBackward(r, t, kInf), true)) return true;
+      if (try_run(PickForward(r, t, kInf), false)) return true;
+    }
+    RunText(r, ready);
+    return true;
+  }
+  // Text done: backwards as they are released.
+  if (!released_[r].empty()) {
+    const Released next = released_[r].top();
+    if (next.first > t) {
+      free_[r] = next.first;
+      Push(r);
+      return true;
+    }
+    return try_run(next.second, true) || (parked_[r] = 1, false);
+  }
+  parked_[r] = 1;
+  return false;
+}
+
+Status Pass::Run() {
+  const int R = s_.dp * s_.pp;
+  pos_of_.assign(s_.pp, std::vector<int>(static_cast<size_t>(s_.vp) * s_.m * 2, -1));
+  for (int s = 0; s < s_.pp; ++s)
+    for (size_t i = 0; i < in_.orders[s].size(); ++i) {
+      const Step& st = in_.orders[s][i];
+      pos_of_[s][(static_cast<size_t>(st.chunk) * s_.m + st.mb) * 2 + (st.kind == OpKind::kB)] =
+          static_cast<int>(i);
+    }
+  pos_.assign(R, 0);
+  free_.assign(R, 0.0);
+  parked_.assign(R, 0);
+  posted_.assign(R, kNone);
+  text_done_.assign(R, 0.0), text_total_.assign(R, 0.0);
+  vision_done_.assign(R, 0.0), vision_total_.assign(R, 0.0);
+  start_.resize(R), end_.resize(R);
+  for (int r = 0; r < R; ++r) {
+    const size_t n = in_.orders[Stage(r)].size();
+    start_[r].assign(n, kUnknown), end_[r].assign(n, kUnknown);
+    for (size_t i = 0; i < n; ++i) text_total_[r] += Duration(r, static_cast<int>(i));
+  }
+  follow_.assign(R, {});
+  released_.assign(R, {});
+  forwards_.assign(R, {});
+  first_open_.assign(R, 0);
+  const size_t T = vision() ? w_.vision.size() : 0;
+  const size_t DM = static_cast<size_t>(s_.dp) * s_.m;
+  jobs_.assign(T, Job{});
+  outstanding_.assign(DM, 0);
+  arrival_.assign(DM, 0.0);
+  consumer_begin_.assign(DM + 1, 0);
+  consumer_tasks_.assign(T, 0);
+  for (size_t i = 0; i < T; ++i) ++consumer_begin_[w_.vision[i].d * s_.m + w_.vision[i].mb + 1];
+  for (size_t k = 0; k < DM; ++k) consumer_begin_[k + 1] += consumer_begin_[k];
+  {
+    std::vector<int> fill(consumer_begin_.begin(), consumer_begin_.end() - 1);
+    for (size_t i = 0; i < T; ++i) {
+      const VisionTask& v = w_.vision[i];
+      const size_t k = static_cast<size_t>(v.d) * s_.m + v.mb;
+      consumer_tasks_[fill[k]++] = static_cast<int>(i);
+      ++outstanding_[k];
+      jobs_[i].rank = v.rank;
+      vision_total_[v.rank] += in_.vf_s[i] + in_.vb_s[i];
+      forwards_[v.rank].push_back(static_cast<int>(i));
+      if (v.shard < 0 && rules_.steal) stealable_.insert({in_.vf_s[i], static_cast<int>(i)});
+    }
+  }
+  // Gangs: forward gang 2k, backward gang 2k + 1, over the shards of one image.
+  for (size_t i = 0; i < T;) {
+    const VisionTask& v = w_.vision[i];
+    if (v.shard < 0) {
+      ++i;
+      continue;
+    }
+    Gang f, b;
+    size_t j = i;
+    for (;
+         j < T && w_.vision[j].shard >= 0 && w_.vision[j].mb == v.mb && w_.vision[j].task == v.task;
+         ++j) {
+      f.tasks.push_back(static_cast<int>(j));
+      jobs_[j].gang = static_cast<int>(gangs_.size());
+    }
+    b = f;
+    b.backward = true;
+    gangs_.push_back(std::move(f));
+    gangs_.push_back(std::move(b));
+    i = j;
+  }
+  for (int r = 0; r < R; ++r)
+    std::stable_sort(forwards_[r].begin(), forwards_[r].end(),
+                     [&](int a, int b) { return Deadline(a) < Deadline(b); });
+  horizon_ = 0;
+  for (int r = 0; r < R; ++r) horizon_ = std::max(horizon_, text_total_[r] + vision_total_[r]);
+  for (int r = 0; r < R; ++r) Push(r);
+  size_t budget = 64 * (T + 16) + 64 * static_cast<size_t>(R) * (in_.orders[0].size() + 4);
+  for (;;) {
+    while (!heap_.empty()) {
+      if (budget-- == 0) return Internal("modality list scheduler: no progress");
+      auto [time, r] = heap_.top();
+      heap_.pop();
+      if (time != free_[r] || parked_[r]) continue;
+      Decide(r);
+    }
+    // Everyone waits: gangs are posted by their followers first.
+    bool posted = false;
+    for (int r = 0; r < R && !posted; ++r)
+      if (posted_[r] == kNone && !follow_[r].empty()) {
+        parked_[r] = 0;
+        posted = FollowDue(r, true);
+      }
+    if (posted) continue;
+    // Everyone parked: of the forwards that parked ranks hold, the one with the earliest
+    // deadline runs (a consumer waits for it), windows ignored; else a released backward.
+    int best = kNone, task = kNone;
+    bool backward = false;
+    for (int r = 0; r < R; ++r) {
+      if (!parked_[r] || posted_[r] != kNone) continue;
+      const int f = PickForward(r, free_[r], kInf, true);
+      if (f != kNone && (task == kNone || backward || Deadline(f) < Deadline(task) ||
+                         (Deadline(f) == Deadline(task) && free_[r] < free_[best]))) {
+        best = r, task = f, backward = false;
+        continue;
+      }
+      const int b = task == kNone || backward ? PickBackward(r, kInf, kInf) : kNone;
+      if (b != kNone && (task == kNone || free_[r] < free_[best]))
+        best = r, task = b, backward = true;
+    }
+    if (best == kNone) {
+      for (int r = 0; r < R; ++r)
+        if (parked_[r] && pos_[r] < static_cast<int>(in_.orders[Stage(r)].size()))
+          return Internal(fmt::format("modality list scheduler: rank {} cannot progress", r));
+      break;
+    }
+    parked_[best] = 0;
+    const int g = jobs_[task].gang;
+    if (g != kNone) {
+      if (!TryGang(best, backward ? g + 1 : g))
+        return Internal("modality list scheduler: a gang cannot start");
+      continue;
+    }
+    const double t = free_[best];
+    if (backward) {
+      released_[best].pop();
+      RunBackward(task, std::max(t, jobs_[task].release));
+      free_[best] = jobs_[task].b_start + in_.vb_s[task];
+    } else {
+      RunForward(task, best, t);
+      free_[best] = t + in_.vf_s[task];
+    }
+    Push(best);
+  }
+  for (size_t i = 0; i < T; ++i)
+    if (jobs_[i].state != 2) return Internal(fmt::format("vision task {} was not placed", i));
+  makespan_ = *std::max_element(free_.begin(), free_.end());
+  return Status::Ok();
+}
+
+std::vector<double> Pass::ConsumerStarts() const {
+  std::vector<double> out(static_cast<size_t>(s_.dp) * s_.m, 0.0);
+  for (int d = 0; d < s_.dp; ++d)
+    for (int m = 0; m < s_.m; ++m)
+      out[static_cast<size_t>(d) * s_.m + m] = start_[s_.rank(d, 0)][PosOf(0, OpKind::kF, 0, m)];
+  return out;
+}
+
+std::vector<VisionPlacement> Pass::Placements() const {
+  auto anchor = [&](int r, int pos) {
+    const auto& order = in_.orders[Stage(r)];
+    if (pos >= static_cast<int>(order.size())) return Anchor{OpKind::kF, 0, -1, false};
+    return Anchor{order[pos].kind, order[pos].chunk, order[pos].mb, false};
+  };
+  std::vector<VisionPlacement> out;
+  out.reserve(jobs_.size());
+  for (const Job& j : jobs_) {
+    VisionPlacement p;
+    p.rank = j.rank;
+    p.f = anchor(j.rank, j.f_pos), p.b = anchor(j.rank, j.b_pos);
+    p.f_at = j.f_start, p.b_at = j.b_start;
+    out.push_back(p);
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
+                                      const ListRules& rules) {
+  ListResult res;
+  const std::vector<double> none;
+  Pass text(in, w, rules, none);
+  RETURN_IF_ERROR(text.Run());
+  res.text_makespan_s = text.makespan();
+  std::vector<double> deadline = text.ConsumerStarts();
+  res.makespan_s = kInf;
+  for (int k = 0; k < std::max(1, rules.passes); ++k) {
+    Pass p(in, w, rules, deadline);
+    RETURN_IF_ERROR(p.Run());
+    ++res.passes;
+    if (p.makespan() >= res.makespan_s) break;
+    res.makespan_s = p.makespan();
+    res.vision = p.Placements();
+    deadline = p.ConsumerStarts();
+  }
+  return res;
+}
+
+}  // namespace pipeplan

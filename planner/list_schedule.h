@@ -1,0 +1,72 @@
+// Closed-loop modality placement: a list scheduler that runs the step in time order,
+// rank by rank, and decides at every moment a rank's compute stream is free whether it
+// runs its next text op (in the schedule's order, never changed) or a vision task.
+//
+// Model (the engine's, at op granularity): each rank has one compute stream; a text F
+// starts when the previous stage's F of that micro-batch has ended plus its transfer, a
+// text B when the next stage's B has; the first stage's F of chunk 0 also waits for every
+// vision output of its micro-batch (task end + transfer); a vision B waits for its
+// gradient (the consumer's B of chunk 0 + transfer); a CP gang starts when all of its
+// ranks have posted it, together. Every decision sees the real state of the schedule so
+// far (closed loop): a gap is known exactly when the op that ends it has been placed, and
+// a rank whose next text op waits on an op not yet placed parks until it is, then fills
+// the gap [free, ready) with tasks that fit it.
+//
+// Rules (ListRules, set by the policy):
+// - urgency: a forward whose latest start (its consumer's predicted text F start minus
+//   its own time and transfer) has come runs first;
+// - gaps: when the next text op is not ready, the rank runs the task that fits the gap
+//   (backwards first when released, else the forward with the earliest deadline);
+// - pacing (nested, bubble-fill): while a rank's share of vision work done is behind its
+//   share of text work done, vision runs before ready text, so the encoder is spread over
+//   the step instead of piling up at its end;
+// - window (nested): the forward of micro-batch m waits until its consumer has started
+//   the text forward of m - window, which bounds the encoder activations alive at once;
+// - stealing (bubble-fill): a rank in a gap with nothing of its own that fits takes a
+//   whole-image forward that another rank has not started (its backward follows it).
+// Deadlines come from the previous pass's consumer times (pass 0 has no vision work);
+// passes repeat while the makespan improves, up to ListRules::passes. Cost per pass:
+// O((ops + tasks) log ranks).
+#pragma once
+
+#include <vector>
+
+#include "planner/lower.h"
+#include "planner/modality.h"
+#include "planner/placement.h"
+#include "planner/schedules.h"
+
+namespace pipeplan {
+
+struct ListRules {
+  int window = 0;           // rounds a forward may run ahead of its consumer; 0 = no window
+  int backward_window = 0;  // rounds a backward may trail its consumer's forward; 0 = none
+  bool pace = true;         // spread vision work in proportion to text work
+  bool steal = false;       // whole-image forwards move to ranks in a gap
+  bool backward_in_gaps_only = false;  // optimus: backwards only fill gaps or follow the text
+  int passes = 4;
+};
+
+// Timing inputs, all in seconds.
+struct ListInput {
+  PipelineShape shape;
+  std::vector<StageOrder> orders;      // per stage: text compute order
+  std::vector<double> f_s, b_s;        // per global stage: text F and B
+  std::vector<double> after_last_f_s;  // per (d * m + mb): work right after F of the last
+                                       // stage (the generator's F and B), else empty
+  std::vector<double> next_p2p_s;      // per rank r: a text transfer between r and r + 1
+  std::vector<double> vf_s, vb_s;      // per vision task: forward, backward (with recompute)
+  std::vector<double> out_s;           // per vision task: transfer to (and from) its consumer
+};
+
+struct ListResult {
+  std::vector<VisionPlacement> vision;  // rank, anchors and order within an anchor
+  double makespan_s = 0;                // predicted end of the last text or vision op
+  double text_makespan_s = 0;           // the same without vision work (pass 0)
+  int passes = 0;                       // passes run
+};
+
+StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
+                                      const ListRules& rules);
+
+}  // namespace pipeplan
