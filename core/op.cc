@@ -53,6 +53,7 @@ std::string FormatOp(const OpKey& op) {
   if (op.chunk >= 0) s += fmt::format(" c{}", op.chunk);
   if (op.mb >= 0) s += fmt::format(" m{}", op.mb);
   if (op.task >= 0) s += fmt::format(" t{}", op.task);
+  if (op.piece >= 0) s += fmt::format(" p{}", op.piece);
   if (op.peer >= 0) {
     if (IsSend(op.kind))
       s += fmt::format(" ->r{}", op.peer);
@@ -68,7 +69,7 @@ StatusOr<OpKey> ParseOp(std::string_view text) {
   auto bad = [&](std::string_view why) {
     return InvalidInput(fmt::format("bad op '{}': {}", text, why));
   };
-  std::array<std::string_view, 8> tok{};
+  std::array<std::string_view, 9> tok{};
   size_t n = 0;
   for (size_t i = 0; i < text.size();) {
     while (i < text.size() && text[i] == ' ') ++i;
@@ -102,6 +103,8 @@ StatusOr<OpKey> ParseOp(std::string_view text) {
       field = &op.mb;
     else if (t[0] == 't')
       field = &op.task;
+    else if (t[0] == 'p')
+      field = &op.piece;
     else if (t.substr(0, 3) == "->r" && IsSend(op.kind))
       field = &op.peer, skip = 3;
     else if (t.substr(0, 3) == "<-r" && IsRecv(op.kind))

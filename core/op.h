@@ -1,8 +1,8 @@
 // Op vocabulary of the operator table and its canonical string form.
 //
 // String form (total, round-trips through ParseOp):
-//   r<rank> [<module>.]<KIND>[ c<chunk>][ m<microbatch>][ t<task>][ ->r<peer> | <-r<peer> |
-//   @g<group>]
+//   r<rank> [<module>.]<KIND>[ c<chunk>][ m<microbatch>][ t<task>][ p<piece>][ ->r<peer> |
+//   <-r<peer> | @g<group>]
 // The module prefix is omitted for text ops and for OPT_STEP (module optimizer).
 // Examples: "r0 F c1 m3", "r2 SEND_F c0 m1 ->r3", "r3 RECV_F c0 m1 <-r2",
 //           "r1 REDUCE_SCATTER c0 @g1", "r0 vision.F m4 t2", "r5 OPT_STEP".
@@ -78,6 +78,7 @@ struct OpKey {
   int32_t mb = -1;     // micro-batch index within the DP replica
   int32_t task = -1;   // modality task index within the micro-batch
   int32_t peer = -1;   // peer rank for SEND/RECV, group id for collectives
+  int32_t piece = -1;  // layer-group piece of a modality task (its layers: the op's work)
 
   friend bool operator==(const OpKey&, const OpKey&) = default;
 };

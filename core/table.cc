@@ -19,7 +19,7 @@ size_t WorkHash::operator()(const Work& w) const {
 }
 
 OpKey Table::key(OpId i) const {
-  return OpKey{rank_[i], kind_[i], module_[i], chunk_[i], mb_[i], task_[i], peer_[i]};
+  return OpKey{rank_[i], kind_[i], module_[i], chunk_[i], mb_[i], task_[i], peer_[i], piece_[i]};
 }
 
 size_t Table::MemoryBytes() const {
@@ -71,12 +71,14 @@ StatusOr<Table> TableBuilder::Finish(PlanMeta meta) {
   }
   if (next != n) return Internal("an op was added but never sequenced");
   t.rank_.resize(n), t.kind_.resize(n), t.module_.resize(n), t.chunk_.resize(n);
-  t.mb_.resize(n), t.task_.resize(n), t.peer_.resize(n), t.tag_.resize(n), t.work_.resize(n);
+  t.mb_.resize(n), t.task_.resize(n), t.peer_.resize(n), t.piece_.resize(n), t.tag_.resize(n),
+      t.work_.resize(n);
   for (size_t h = 0; h < n; ++h) {
     OpId i = id_of[h];
     const OpKey& k = keys_[h];
     t.rank_[i] = k.rank, t.kind_[i] = k.kind, t.module_[i] = k.module, t.chunk_[i] = k.chunk;
     t.mb_[i] = k.mb, t.task_[i] = k.task, t.peer_[i] = k.peer;
+    t.piece_[i] = k.piece;
     t.tag_[i] = extra_[h].tag, t.work_[i] = extra_[h].work;
   }
   // CSR of dependencies (counting sort by op), each op's list sorted and deduplicated.
@@ -104,8 +106,9 @@ StatusOr<Table> TableBuilder::Finish(PlanMeta meta) {
 Status TableColumns::CheckConsistent() const {
   const Table& t = *t_;
   const size_t n = t.kind_.size();
-  for (size_t len : {t.rank_.size(), t.module_.size(), t.chunk_.size(), t.mb_.size(),
-                     t.task_.size(), t.peer_.size(), t.tag_.size(), t.work_.size()})
+  for (size_t len :
+       {t.rank_.size(), t.module_.size(), t.chunk_.size(), t.mb_.size(), t.task_.size(),
+        t.peer_.size(), t.piece_.size(), t.tag_.size(), t.work_.size()})
     if (len != n) return InvalidInput("plan columns have different lengths");
   const PlanMeta& m = t.meta_;
   for (int32_t v : {m.pp, m.vp, m.dp, m.tp, m.cp, m.ep, m.microbatches, m.gpus_per_node})

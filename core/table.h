@@ -85,6 +85,7 @@ class Table {
   int32_t chunk(OpId i) const { return chunk_[i]; }
   int32_t mb(OpId i) const { return mb_[i]; }
   int32_t task(OpId i) const { return task_[i]; }
+  int32_t piece(OpId i) const { return piece_[i]; }
   int32_t peer(OpId i) const { return peer_[i]; }
   // Collectives and gangs: ops matched across the ranks of group peer(i) by tag.
   bool grouped(OpId i) const { return peer_[i] >= 0 && !IsP2P(kind_[i]); }
@@ -121,7 +122,7 @@ class Table {
  private:
   friend class TableBuilder;
   friend class TableColumns;
-  std::vector<int32_t> rank_, chunk_, mb_, task_, peer_;
+  std::vector<int32_t> rank_, chunk_, mb_, task_, peer_, piece_;
   std::vector<OpKind> kind_;
   std::vector<Module> module_;
   std::vector<uint32_t> tag_, work_;
@@ -185,6 +186,7 @@ class TableColumns {
   auto& chunk() { return t_->chunk_; }
   auto& mb() { return t_->mb_; }
   auto& task() { return t_->task_; }
+  auto& piece() { return t_->piece_; }
   auto& peer() { return t_->peer_; }
   auto& tag() { return t_->tag_; }
   auto& work() { return t_->work_; }

@@ -158,6 +158,7 @@ std::string SerializePb(const Table& table) {
   CopyColumn(c.chunk(), o->mutable_chunk());
   CopyColumn(c.mb(), o->mutable_mb());
   CopyColumn(c.task(), o->mutable_task());
+  CopyColumn(c.piece(), o->mutable_piece());
   CopyColumn(c.peer(), o->mutable_peer());
   CopyColumn(c.tag(), o->mutable_tag());
   CopyColumn(c.work(), o->mutable_work());
@@ -203,6 +204,8 @@ StatusOr<Table> ParsePb(const std::string& bytes) {
   ReadColumn(o.chunk(), &c.chunk());
   ReadColumn(o.mb(), &c.mb());
   ReadColumn(o.task(), &c.task());
+  ReadColumn(o.piece(), &c.piece());
+  if (o.piece_size() == 0) c.piece().assign(c.kind().size(), -1);  // written before pieces
   ReadColumn(o.peer(), &c.peer());
   ReadColumn(o.tag(), &c.tag());
   ReadColumn(o.work(), &c.work());
@@ -277,6 +280,7 @@ StatusOr<Table> FromJson(const std::string& text) {
       c.rank().push_back(key->rank), c.kind().push_back(key->kind);
       c.module().push_back(key->module), c.chunk().push_back(key->chunk);
       c.mb().push_back(key->mb), c.task().push_back(key->task), c.peer().push_back(key->peer);
+      c.piece().push_back(key->piece);
       c.tag().push_back(op.value("tag", 0u)), c.work().push_back(op.at("work"));
       if (auto it = op.find("deps"); it != op.end())
         for (uint32_t d : *it) c.deps().push_back(d);

@@ -52,8 +52,10 @@ CpuBackend::CpuBackend(const Table& t, int32_t rank, std::shared_ptr<const TinyM
     if (t.kind(i) == OpKind::kRecvF) ++vision_expected_[t.mb(i)];
     if (t.kind(i) == OpKind::kSendF) vision_remote_[key] = true;
   }
+  // A task's output is made by its forward over its last layers (its last piece).
   for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i)
     if (t.module(i) == Module::kVision && t.kind(i) == OpKind::kF &&
+        t.work(i).layer_end >= m_->vision_layers() &&
         !vision_remote_.count({t.mb(i), t.task(i), t.chunk(i)}))
       ++vision_expected_[t.mb(i)];
 }
@@ -129,13 +131,31 @@ Status CpuBackend::TextBackward(OpId op) {
   return Status::Ok();
 }
 
+// A vision forward runs the layers of its work: a whole task, or one layer-group piece
+// (pieces run in layer order on one rank; each appends its layers' inputs to the task's
+// saved stack, and the last one projects).
 Status CpuBackend::VisionForward(OpId op, bool recompute) {
   const TaskKey key{t_.mb(op), t_.task(op), t_.chunk(op)};
-  Tensor u = m_->VisionInput(t_.mb(op), t_.task(op), std::max(0, t_.chunk(op)));
-  std::vector<Tensor> saved;
-  m_->Forward(Module::kVision, 0, m_->vision_layers(), &u, &saved);
+  const int begin = std::max(0, t_.work(op).layer_begin), L = m_->vision_layers();
+  const int end = t_.work(op).layer_end < 0 ? L : std::min(L, t_.work(op).layer_end);
+  Tensor u;
+  std::vector<Tensor>& saved = vision_saved_[key];
+  if (begin == 0) {
+    u = m_->VisionInput(t_.mb(op), t_.task(op), std::max(0, t_.chunk(op)));
+    saved.clear();
+  } else {
+    auto it = vision_act_.find(key);
+    if (it == vision_act_.end() || static_cast<int>(saved.size()) != begin)
+      return Internal("it runs before the piece of its earlier layers");
+    u = std::move(it->second);
+    vision_act_.erase(it);
+  }
+  m_->Forward(Module::kVision, begin, end, &u, &saved);
+  if (end < L) {
+    vision_act_[key] = std::move(u);
+    return Status::Ok();
+  }
   saved.push_back(u);  // projector input
-  vision_saved_[key] = std::move(saved);
   if (recompute) return Status::Ok();
   Tensor v = m_->Project(u);
   if (vision_remote_.count(key))
@@ -145,7 +165,40 @@ Status CpuBackend::VisionForward(OpId op, bool recompute) {
   return Status::Ok();
 }
 
+// Backward pieces run from the last layers to the first; the last layers' piece takes the
+// gradient of the task's output, the others the gradient the later piece left.
 Status CpuBackend::VisionBackward(OpId op) {
+  const TaskKey key{t_.mb(op), t_.task(op), t_.chunk(op)};
+  const int begin = std::max(0, t_.work(op).layer_begin), L = m_->vision_layers();
+  const int end = t_.work(op).layer_end < 0 ? L : std::min(L, t_.work(op).layer_end);
+  auto sv = vision_saved_.find(key);
+  if (sv == vision_saved_.end()) return Internal("it runs before its forward");
+  std::vector<Tensor>& saved = sv->second;
+  Tensor du;
+  if (end < L) {
+    auto it = vision_dx_.find(key);
+    if (it == vision_dx_.end() || static_cast<int>(saved.size()) != end)
+      return Internal("it runs before the piece of its later layers");
+    du = std::move(it->second);
+    vision_dx_.erase(it);
+  } else {
+    if (static_cast<int>(saved.size()) != L + 1) return Internal("it runs before its forward");
+    StatusOr<Tensor> dv = VisionOutputGradient(op);
+    if (!dv.ok()) return dv.status();
+    du = m_->ProjectBack(saved.back(), *dv, &grads_);
+    saved.pop_back();
+  }
+  std::vector<Tensor> mine(saved.begin() + begin, saved.end());
+  saved.resize(begin);
+  m_->Backward(Module::kVision, begin, mine, &du, &grads_);
+  if (begin > 0)
+    vision_dx_[key] = std::move(du);
+  else
+    vision_saved_.erase(sv);
+  return Status::Ok();
+}
+
+StatusOr<Tensor> CpuBackend::VisionOutputGradient(OpId op) {
   const TaskKey key{t_.mb(op), t_.task(op), t_.chunk(op)};
   Tensor dv;
   if (vision_remote_.count(key)) {
@@ -158,14 +211,7 @@ Status CpuBackend::VisionBackward(OpId op) {
     if (it == dx0_.end()) return Internal("its gradient does not exist yet");
     dv = it->second;
   }
-  auto sv = vision_saved_.find(key);
-  if (sv == vision_saved_.end()) return Internal("it runs before its forward");
-  std::vector<Tensor> saved = std::move(sv->second);
-  vision_saved_.erase(sv);
-  Tensor du = m_->ProjectBack(saved.back(), dv, &grads_);
-  saved.pop_back();
-  m_->Backward(Module::kVision, 0, saved, &du, &grads_);
-  return Status::Ok();
+  return dv;
 }
 
 StatusOr<Tensor> CpuBackend::Outgoing(OpId op) {

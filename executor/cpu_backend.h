@@ -31,6 +31,7 @@ class CpuBackend : public Backend {
   Status TextBackward(OpId op);
   Status VisionForward(OpId op, bool recompute);
   Status VisionBackward(OpId op);
+  StatusOr<Tensor> VisionOutputGradient(OpId op);  // from the consumer (or this rank)
   Tensor* Slice(OpId collective, size_t* offset, size_t* length);
 
   const Table& t_;
@@ -44,8 +45,9 @@ class CpuBackend : public Backend {
   std::map<int, int> vision_expected_;            // micro-batch -> how many
   std::map<int, Tensor> dx0_;                     // micro-batch -> gradient of the first row
   std::map<TaskKey, Tensor> vision_out_, vision_grad_;
-  std::map<TaskKey, std::vector<Tensor>> vision_saved_;
-  std::map<TaskKey, bool> vision_remote_;  // output goes to another rank
+  std::map<TaskKey, std::vector<Tensor>> vision_saved_;  // inputs of the layers run so far
+  std::map<TaskKey, Tensor> vision_act_, vision_dx_;     // between pieces: activation, gradient
+  std::map<TaskKey, bool> vision_remote_;                // output goes to another rank
 };
 
 struct Reference {

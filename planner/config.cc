@@ -339,6 +339,7 @@ void ReadSchedule(MapReader m, ScheduleConfig* c) {
   m.Enum({"pipeline"}, &c->pipeline, kPipelineNames);
   m.Enum({"modality"}, &c->modality, kModalityNames);
   m.Bool({"decoupled_recompute"}, &c->decoupled_recompute);
+  m.Int({"modality_window"}, &c->modality_window, 0);
   m.Finish();
 }
 

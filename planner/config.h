@@ -101,6 +101,9 @@ struct ScheduleConfig {
   PipelineKind pipeline = PipelineKind::k1F1B;
   ModalityPolicy modality = ModalityPolicy::kInline;
   bool decoupled_recompute = false;  // decoupled: keep only encoder outputs, recompute (K2.5 DEP)
+  // nested: a micro-batch's encoder forward may start once its consumer has started the
+  // text forward of the micro-batch `modality_window` earlier (text rounds); 0 = pp.
+  int modality_window = 0;
 };
 
 struct Config {

@@ -15,6 +15,15 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int kNone = -1;
 constexpr int kScan = 16;  // forwards looked at per decision (earliest deadlines first)
 
+// Where and when one op of a piece was placed.
+struct Slot {
+  double at = 0;  // planned start, s
+  int pos = 0;    // text position on the rank (the op runs before that text op)
+};
+struct PieceSlot {
+  Slot f, b;
+};
+
 // One pass of the list scheduler.
 class Pass {
  public:
@@ -31,12 +40,12 @@ class Pass {
   std::vector<VisionPlacement> Placements() const;
 
  private:
+  // A task runs as pieces (layer groups): forwards first to last, backwards last to first.
   struct Job {
     int rank = 0;
-    int state = 0;  // 0 not started, 1 forward placed, 2 backward placed
-    double f_start = 0, release = kUnknown;
-    int f_pos = 0, b_pos = 0;  // text position on the rank when the op was placed
-    double b_start = 0;
+    int f_next = 0, b_next = 0;  // pieces placed, forward and backward
+    double release = kUnknown;   // when the gradient is back on `rank`
+    std::vector<PieceSlot> slots;
     int gang = kNone;
   };
   struct Gang {
@@ -63,30 +72,54 @@ class Pass {
   bool Decide(int r);
   bool FollowDue(int r, bool now);
   void RunText(int r, double start);
-  void RunForward(int task, int r, double start);
-  void RunBackward(int task, double start);
+  // Place the task's next piece at `start`; return its seconds.
+  double RunForward(int task, int r, double start);
+  double RunBackward(int task, double start);
   bool TryGang(int r, int gang);
   void Post(int r, int gang);
   int PickForward(int r, double t, double gap, bool any_window = false);
   int PickBackward(int r, double t, double gap);
   int Steal(double t, double gap);
-  // Pacing: vision work done on r trails the even spread of its total over the step.
-  bool Behind(int r) const {
-    return vision_total_[r] > 0 && vision_done_[r] < vision_total_[r] * free_[r] / horizon_;
+  // Phases (optimus): forwards fill gaps only before the rank's first text backward,
+  // backwards only after its last text forward.
+  bool ForwardPhase(int r) const { return !rules_.phases || pos_[r] <= first_b_[Stage(r)]; }
+  bool BackwardPhase(int r) const { return !rules_.phases || pos_[r] > last_f_[Stage(r)]; }
+  int Pieces(int task) const {
+    return in_.bounds.empty() ? 1 : static_cast<int>(in_.bounds[task].size()) - 1;
   }
+  // Share of the task's layers in pieces [from, to).
+  double Share(int task, int from, int to) const {
+    if (in_.bounds.empty()) return to > from ? 1 : 0;
+    const auto& b = in_.bounds[task];
+    return double(b[to] - b[from]) / (b.back() - b.front());
+  }
+  double NextForward(int task) const {
+    const int k = jobs_[task].f_next;
+    return in_.vf_s[task] * Share(task, k, k + 1);
+  }
+  double NextBackward(int task) const {
+    const int k = Pieces(task) - 1 - jobs_[task].b_next;
+    return in_.vb_s[task] * Share(task, k, k + 1);
+  }
+  bool ForwardDone(int task) const { return jobs_[task].f_next == Pieces(task); }
+  bool BackwardDone(int task) const { return jobs_[task].b_next == Pieces(task); }
   double Deadline(int task) const {
     const VisionTask& v = w_.vision[task];
     return deadline_[static_cast<size_t>(v.d) * s_.m + v.mb];
   }
-  double LatestStart(int task) const { return Deadline(task) - in_.vf_s[task] - in_.out_s[task]; }
+  double LatestStart(int task) const {
+    const Job& j = jobs_[task];
+    return Deadline(task) - in_.vf_s[task] * Share(task, j.f_next, Pieces(task)) - in_.out_s[task];
+  }
   bool WindowOpen(int task, double t) const;
-  // Window: the backward of micro-batch m should end before its consumer's text forward
-  // of m + window is predicted to start.
-  double BackwardDeadline(int task) const {
+  // Window: the backward of micro-batch m is overdue once its consumer has started the
+  // text forward of m + backward_window (bounds the encoder activations alive).
+  bool BackwardOverdue(int task, double t) const {
     const VisionTask& v = w_.vision[task];
     const int w = rules_.backward_window;
-    if (w <= 0 || v.mb + w >= s_.m) return kInf;
-    return deadline_[static_cast<size_t>(v.d) * s_.m + v.mb + w];
+    if (w <= 0 || v.mb + w >= s_.m) return false;
+    const double st = start_[s_.rank(v.d, 0)][PosOf(0, OpKind::kF, 0, v.mb + w)];
+    return st != kUnknown && st <= t;
   }
 
   const ListInput& in_;
@@ -100,7 +133,6 @@ class Pass {
   std::vector<std::vector<double>> start_, end_;  // per rank, per text position
   std::vector<uint8_t> parked_;
   std::vector<int> posted_;  // gang a rank waits in, or kNone
-  std::vector<double> text_done_, text_total_, vision_done_, vision_total_;
   std::vector<Job> jobs_;
   std::vector<Gang> gangs_;
   int gangs_initiated_ = 0;
@@ -120,7 +152,7 @@ class Pass {
   std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>>
       heap_;
   double makespan_ = 0;
-  double horizon_ = 1;  // predicted step, s (pacing)
+  std::vector<int> first_b_, last_f_;  // per stage: text positions
 };
 
 double Pass::Duration(int r, int i) const {
@@ -181,12 +213,12 @@ bool Pass::WindowOpen(int task, double t) const {
 int Pass::PickForward(int r, double t, double gap, bool any_window) {
   auto& list = forwards_[r];
   size_t& first = first_open_[r];
-  while (first < list.size() && jobs_[list[first]].state != 0) ++first;
+  while (first < list.size() && ForwardDone(list[first])) ++first;
   for (size_t k = first, seen = 0; k < list.size() && seen < kScan; ++k) {
     const int task = list[k];
-    if (jobs_[task].state != 0 || jobs_[task].rank != r) continue;
+    if (ForwardDone(task) || jobs_[task].rank != r) continue;
     ++seen;
-    if (in_.vf_s[task] > gap || (!any_window && !WindowOpen(task, t))) continue;
+    if (NextForward(task) > gap || (!any_window && !WindowOpen(task, t))) continue;
     return task;
   }
   return kNone;
@@ -194,10 +226,10 @@ int Pass::PickForward(int r, double t, double gap, bool any_window) {
 
 int Pass::PickBackward(int r, double t, double gap) {
   auto& q = released_[r];
-  while (!q.empty() && jobs_[q.top().second].state == 2) q.pop();  // ran in a gang
+  while (!q.empty() && BackwardDone(q.top().second)) q.pop();
   if (q.empty() || q.top().first > t) return kNone;
   const int task = q.top().second;
-  return in_.vb_s[task] <= gap ? task : kNone;
+  return NextBackward(task) <= gap ? task : kNone;
 }
 
 int Pass::Steal(double t, double gap) {
@@ -205,7 +237,7 @@ int Pass::Steal(double t, double gap) {
   for (int tries = 0; tries < kScan && it != stealable_.begin(); ++tries) {
     --it;
     const int task = it->second;
-    if (t + in_.vf_s[task] + in_.out_s[task] <= Deadline(task)) return task;
+    if (LatestStart(task) >= t) return task;
   }
   return kNone;
 }
@@ -217,7 +249,6 @@ void Pass::RunText(int r, double start) {
   start_[r][i] = start;
   end_[r][i] = start + dur;
   free_[r] = start + dur;
-  text_done_[r] += dur;
   ++pos_[r];
   const int g = st.chunk * s_.pp + s, S = s_.stages();
   if (st.kind == OpKind::kF && g < S - 1) Wake(RankOf(d, g + 1));
@@ -243,31 +274,32 @@ void Pass::RunText(int r, double start) {
   Push(r);
 }
 
-void Pass::RunForward(int task, int r, double start) {
+double Pass::RunForward(int task, int r, double start) {
   Job& job = jobs_[task];
   const VisionTask& v = w_.vision[task];
-  if (job.rank != r) {  // stolen
-    vision_total_[job.rank] -= in_.vf_s[task] + in_.vb_s[task];
-    vision_total_[r] += in_.vf_s[task] + in_.vb_s[task];
+  if (job.rank != r) {  // stolen: its later pieces and its backward follow it
     job.rank = r;
+    auto& list = forwards_[r];
+    auto at = std::upper_bound(list.begin() + first_open_[r], list.end(), task,
+                               [&](int a, int b) { return Deadline(a) < Deadline(b); });
+    list.insert(at, task);
   }
-  stealable_.erase({in_.vf_s[task], task});
-  job.state = 1;
-  job.f_start = start;
-  job.f_pos = pos_[r];
-  vision_done_[r] += in_.vf_s[task];
-  const double end = start + in_.vf_s[task];
-  const size_t k = static_cast<size_t>(v.d) * s_.m + v.mb;
-  arrival_[k] = std::max(arrival_[k], end + (r == s_.rank(v.d, 0) ? 0 : in_.out_s[task]));
-  if (--outstanding_[k] == 0) Wake(s_.rank(v.d, 0));
+  if (job.f_next == 0) stealable_.erase({NextForward(task), task});
+  const double dur = NextForward(task);
+  job.slots[job.f_next++].f = {start, pos_[r]};
+  if (ForwardDone(task)) {
+    const size_t k = static_cast<size_t>(v.d) * s_.m + v.mb;
+    arrival_[k] = std::max(arrival_[k], start + dur + (r == s_.rank(v.d, 0) ? 0 : in_.out_s[task]));
+    if (--outstanding_[k] == 0) Wake(s_.rank(v.d, 0));
+  }
+  return dur;
 }
 
-void Pass::RunBackward(int task, double start) {
+double Pass::RunBackward(int task, double start) {
   Job& job = jobs_[task];
-  job.state = 2;
-  job.b_start = start;
-  job.b_pos = pos_[job.rank];
-  vision_done_[job.rank] += in_.vb_s[task];
+  const double dur = NextBackward(task);
+  job.slots[Pieces(task) - 1 - job.b_next++].b = {start, pos_[job.rank]};
+  return dur;
 }
 
 // Whether r may start gang `g` now: every member is free of other gangs.
@@ -298,15 +330,18 @@ void Pass::Post(int r, int g) {
       if (jobs_[task].rank == r) gang.ready = std::max(gang.ready, jobs_[task].release);
   if (++gang.posted < static_cast<int>(gang.tasks.size())) return;
   double dur = 0;
-  for (int task : gang.tasks) dur = std::max(dur, gang.backward ? in_.vb_s[task] : in_.vf_s[task]);
+  for (int task : gang.tasks)
+    dur = std::max(dur, gang.backward ? NextBackward(task) : NextForward(task));
+  const double start = gang.ready;
+  gang.posted = 0, gang.ready = 0;  // the next piece posts anew
   for (int task : gang.tasks) {
     const int q = jobs_[task].rank;
     if (gang.backward)
-      RunBackward(task, gang.ready);
+      RunBackward(task, start);
     else
-      RunForward(task, q, gang.ready);
+      RunForward(task, q, start);
     posted_[q] = kNone;
-    free_[q] = gang.ready + dur;
+    free_[q] = start + dur;
     Push(q);
   }
 }
@@ -341,14 +376,7 @@ bool Pass::Decide(int r) {
       const int gi = backward ? g + 1 : g;
       return TryGang(r, gi);
     }
-    if (backward) {
-      released_[r].pop();
-      RunBackward(task, t);
-      free_[r] = t + in_.vb_s[task];
-    } else {
-      RunForward(task, r, t);
-      free_[r] = t + in_.vf_s[task];
-    }
+    free_[r] = t + (backward ? RunBackward(task, t) : RunForward(task, r, t));
     Push(r);
     return true;
   };
@@ -357,15 +385,9 @@ bool Pass::Decide(int r) {
     const int urgent = PickForward(r, t, kInf);
     if (urgent != kNone && LatestStart(urgent) <= t && try_run(urgent, false)) return true;
     const int late = PickBackward(r, t, kInf);
-    if (late != kNone && BackwardDeadline(late) - in_.vb_s[late] <= t && try_run(late, true))
-      return true;
+    if (late != kNone && BackwardOverdue(late, t) && try_run(late, true)) return true;
   }
   if (text_left && ready != kUnknown && ready <= t) {
-    if (rules_.pace && Behind(r)) {
-      const bool b_allowed = !rules_.backward_in_gaps_only;
-      if (b_allowed && try_run(PickBackward(r, t, kInf), true)) return true;
-      if (try_run(PickForward(r, t, kInf), false)) return true;
-    }
     RunText(r, t);
     return true;
   }
@@ -373,15 +395,12 @@ bool Pass::Decide(int r) {
     parked_[r] = 1;  // woken when the op it waits for is placed
     return false;
   }
+  // A gap before the next text op (or the text is done): fill it.
   const double gap = text_left ? ready - t : kInf;
-  if (try_run(PickBackward(r, t, gap), true)) return true;
-  if (try_run(PickForward(r, t, gap), false)) return true;
+  if (BackwardPhase(r) && try_run(PickBackward(r, t, gap), true)) return true;
+  if (ForwardPhase(r) && try_run(PickForward(r, t, gap), false)) return true;
   if (rules_.steal && text_left && try_run(Steal(t, gap), false)) return true;
   if (text_left) {
-    if (rules_.pace && Behind(r)) {
-      if (!rules_.backward_in_gaps_only && try_run(PickBackward(r, t, kInf), true)) return true;
-      if (try_run(PickForward(r, t, kInf), false)) return true;
-    }
     RunText(r, ready);
     return true;
   }
@@ -412,13 +431,10 @@ Status Pass::Run() {
   free_.assign(R, 0.0);
   parked_.assign(R, 0);
   posted_.assign(R, kNone);
-  text_done_.assign(R, 0.0), text_total_.assign(R, 0.0);
-  vision_done_.assign(R, 0.0), vision_total_.assign(R, 0.0);
   start_.resize(R), end_.resize(R);
   for (int r = 0; r < R; ++r) {
     const size_t n = in_.orders[Stage(r)].size();
     start_[r].assign(n, kUnknown), end_[r].assign(n, kUnknown);
-    for (size_t i = 0; i < n; ++i) text_total_[r] += Duration(r, static_cast<int>(i));
   }
   follow_.assign(R, {});
   released_.assign(R, {});
@@ -441,9 +457,10 @@ Status Pass::Run() {
       consumer_tasks_[fill[k]++] = static_cast<int>(i);
       ++outstanding_[k];
       jobs_[i].rank = v.rank;
-      vision_total_[v.rank] += in_.vf_s[i] + in_.vb_s[i];
+      jobs_[i].slots.resize(Pieces(static_cast<int>(i)));
       forwards_[v.rank].push_back(static_cast<int>(i));
-      if (v.shard < 0 && rules_.steal) stealable_.insert({in_.vf_s[i], static_cast<int>(i)});
+      if (v.shard < 0 && rules_.steal)
+        stealable_.insert({NextForward(static_cast<int>(i)), static_cast<int>(i)});
     }
   }
   // Gangs: forward gang 2k, backward gang 2k + 1, over the shards of one image.
@@ -470,8 +487,14 @@ Status Pass::Run() {
   for (int r = 0; r < R; ++r)
     std::stable_sort(forwards_[r].begin(), forwards_[r].end(),
                      [&](int a, int b) { return Deadline(a) < Deadline(b); });
-  horizon_ = 0;
-  for (int r = 0; r < R; ++r) horizon_ = std::max(horizon_, text_total_[r] + vision_total_[r]);
+  first_b_.assign(s_.pp, 0), last_f_.assign(s_.pp, 0);
+  for (int st = 0; st < s_.pp; ++st) {
+    const auto& order = in_.orders[st];
+    for (int i = static_cast<int>(order.size()) - 1; i >= 0; --i) {
+      if (order[i].kind == OpKind::kB) first_b_[st] = i;
+      if (order[i].kind == OpKind::kF) last_f_[st] = std::max(last_f_[st], i);
+    }
+  }
   for (int r = 0; r < R; ++r) Push(r);
   size_t budget = 64 * (T + 16) + 64 * static_cast<size_t>(R) * (in_.orders[0].size() + 4);
   for (;;) {
@@ -519,19 +542,13 @@ Status Pass::Run() {
         return Internal("modality list scheduler: a gang cannot start");
       continue;
     }
-    const double t = free_[best];
-    if (backward) {
-      released_[best].pop();
-      RunBackward(task, std::max(t, jobs_[task].release));
-      free_[best] = jobs_[task].b_start + in_.vb_s[task];
-    } else {
-      RunForward(task, best, t);
-      free_[best] = t + in_.vf_s[task];
-    }
+    const double t = backward ? std::max(free_[best], jobs_[task].release) : free_[best];
+    free_[best] = t + (backward ? RunBackward(task, t) : RunForward(task, best, t));
     Push(best);
   }
   for (size_t i = 0; i < T; ++i)
-    if (jobs_[i].state != 2) return Internal(fmt::format("vision task {} was not placed", i));
+    if (!BackwardDone(static_cast<int>(i)))
+      return Internal(fmt::format("vision task {} was not placed", i));
   makespan_ = *std::max_element(free_.begin(), free_.end());
   return Status::Ok();
 }
@@ -545,19 +562,22 @@ std::vector<double> Pass::ConsumerStarts() const {
 }
 
 std::vector<VisionPlacement> Pass::Placements() const {
-  auto anchor = [&](int r, int pos) {
+  auto anchor = [&](int r, const Slot& at) {
     const auto& order = in_.orders[Stage(r)];
-    if (pos >= static_cast<int>(order.size())) return Anchor{OpKind::kF, 0, -1, false};
-    return Anchor{order[pos].kind, order[pos].chunk, order[pos].mb, false};
+    if (at.pos >= static_cast<int>(order.size())) return Anchor{OpKind::kF, 0, -1, false};
+    return Anchor{order[at.pos].kind, order[at.pos].chunk, order[at.pos].mb, false};
   };
   std::vector<VisionPlacement> out;
   out.reserve(jobs_.size());
   for (const Job& j : jobs_) {
     VisionPlacement p;
     p.rank = j.rank;
-    p.f = anchor(j.rank, j.f_pos), p.b = anchor(j.rank, j.b_pos);
-    p.f_at = j.f_start, p.b_at = j.b_start;
-    out.push_back(p);
+    for (const PieceSlot& slot : j.slots)
+      p.pieces.push_back({anchor(j.rank, slot.f), anchor(j.rank, slot.b), slot.f.at, slot.b.at});
+    p.f = p.pieces.front().f, p.b = p.pieces.back().b;  // the whole task's extent
+    p.f_at = p.pieces.front().f_at, p.b_at = p.pieces.back().b_at;
+    if (p.pieces.size() == 1) p.pieces.clear();
+    out.push_back(std::move(p));
   }
   return out;
 }

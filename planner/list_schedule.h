@@ -17,11 +17,13 @@
 //   its own time and transfer) has come runs first;
 // - gaps: when the next text op is not ready, the rank runs the task that fits the gap
 //   (backwards first when released, else the forward with the earliest deadline);
-// - pacing (nested, bubble-fill): while a rank's share of vision work done is behind its
-//   share of text work done, vision runs before ready text, so the encoder is spread over
-//   the step instead of piling up at its end;
-// - window (nested): the forward of micro-batch m waits until its consumer has started
-//   the text forward of m - window, which bounds the encoder activations alive at once;
+// - windows (nested): the forward of micro-batch m waits until its consumer has started
+//   the text forward of m - window; its backward is due (runs before ready text) once the
+//   consumer has started that of m + backward_window: encoder activations stay bounded;
+// - phases (optimus): forwards fill gaps only until the rank's first text backward,
+//   backwards only after its last text forward;
+// - pieces: a task may run as layer-group pieces (ListInput::bounds), each placed on its
+//   own, forwards in layer order and backwards in reverse;
 // - stealing (bubble-fill): a rank in a gap with nothing of its own that fits takes a
 //   whole-image forward that another rank has not started (its backward follows it).
 // Deadlines come from the previous pass's consumer times (pass 0 has no vision work);
@@ -41,9 +43,9 @@ namespace pipeplan {
 struct ListRules {
   int window = 0;           // rounds a forward may run ahead of its consumer; 0 = no window
   int backward_window = 0;  // rounds a backward may trail its consumer's forward; 0 = none
-  bool pace = true;         // spread vision work in proportion to text work
   bool steal = false;       // whole-image forwards move to ranks in a gap
-  bool backward_in_gaps_only = false;  // optimus: backwards only fill gaps or follow the text
+  bool phases = false;      // optimus: forwards only until the first text backward, backwards
+                            // only after the last text forward (and on deadlines)
   int passes = 4;
 };
 
@@ -57,6 +59,9 @@ struct ListInput {
   std::vector<double> next_p2p_s;      // per rank r: a text transfer between r and r + 1
   std::vector<double> vf_s, vb_s;      // per vision task: forward, backward (with recompute)
   std::vector<double> out_s;           // per vision task: transfer to (and from) its consumer
+  // Per vision task: layer bounds of its pieces {0, l1, ..., layers}; empty = whole tasks.
+  // Piece k takes the share (l[k+1] - l[k]) / layers of the task's forward and backward.
+  std::vector<std::vector<int>> bounds;
 };
 
 struct ListResult {

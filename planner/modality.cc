@@ -21,10 +21,44 @@ double SplitFlops(const Config& c, int64_t patches, int k) {
   return v.layers * layer + 2 * tokens * (in * h + h * h);
 }
 
+// Attention part of SplitFlops (scores and values; run by fused attention kernels).
+double SplitAttnFlops(const Config& c, int64_t patches, int k) {
+  const VisionConfig& v = c.model.vision;
+  const double P = static_cast<double>(patches);
+  return v.layers * 4 * (P / k) * P * v.hidden;
+}
+
 double GatherBytes(const Config& c, int64_t patches, int k) {
   const VisionConfig& v = c.model.vision;
   return k <= 1 ? 0
                 : v.layers * (k - 1.0) / k * static_cast<double>(patches) * 2 * v.hidden * kBf16;
+}
+
+// Gather-KV as ring attention runs it: each layer passes the k shards' K and V around the
+// sub-group in k - 1 hops (P/k x 2d bf16 values each), and every hop overlaps the
+// attention of the block already held (4 (P/k)^2 d FLOPs). Only what a hop takes beyond
+// that block stays exposed: returns those bytes per GPU, all layers (0 if k = 1 or hidden).
+double ExposedGatherBytes(const Config& c, int64_t patches, int k) {
+  if (k <= 1) return 0;
+  const VisionConfig& v = c.model.vision;
+  const GpuSpec& s = c.cluster.spec;
+  const double P = static_cast<double>(patches), q = P / k;
+  const bool one_node = k <= c.cluster.gpus_per_node;
+  const double bw = one_node ? s.nvlink_bw * s.nvlink_efficiency : s.nic_bw * s.nic_efficiency;
+  const double hop = q * 2 * v.hidden * kBf16;
+  const double block_s = 4 * q * q * v.hidden / (s.bf16_flops * s.attention_efficiency);
+  return v.layers * (k - 1) * std::max(0.0, hop - block_s * bw);
+}
+
+// Seconds of one GPU's shard of an image split over k GPUs: GEMMs and attention at their
+// rates, plus the exposed gather-KV.
+double ShardSeconds(const Config& c, int64_t patches, int k) {
+  const GpuSpec& s = c.cluster.spec;
+  const bool one_node = k <= c.cluster.gpus_per_node;
+  const double bw = one_node ? s.nvlink_bw * s.nvlink_efficiency : s.nic_bw * s.nic_efficiency;
+  const double attn = SplitAttnFlops(c, patches, k);
+  return (SplitFlops(c, patches, k) - attn) / (s.bf16_flops * s.compute_efficiency) +
+         attn / (s.bf16_flops * s.attention_efficiency) + ExposedGatherBytes(c, patches, k) / bw;
 }
 
 // Activation bytes one image keeps for the encoder backward (Korthikanti et al. per layer
@@ -106,25 +140,33 @@ class BlockLoads {
 }  // namespace
 
 CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gpus,
-                    const std::vector<double>& base) {
+                    const std::vector<double>& base, double budget_s) {
   const VisionConfig& v = c.model.vision;
   CpPlan plan;
   plan.gpu_flops.assign(gpus, 0);
+  plan.gpu_attn_flops.assign(gpus, 0);
   plan.gpu_comm_bytes.assign(gpus, 0);
-  // Target per-GPU load of the images alone: a large image is split until its shard is
-  // no more than that (K3's sizing rule); `base` only steers where items go.
+  plan.gpu_exposed_bytes.assign(gpus, 0);
+  // Target time per GPU: the images' per-GPU share (K3's sizing rule), or the latency
+  // budget if larger. A large image is split over the fewest GPUs whose shard time
+  // (ShardSeconds: gather-KV included) meets the target, and never further than splitting
+  // makes it faster. `base` only steers where items go.
   double total = 0;
-  for (int64_t p : patches) total += VisionImageFlops(c, p);
-  const double target = total / gpus;
+  for (int64_t p : patches) total += ShardSeconds(c, p, 1);
+  const double target = std::max(total / gpus, budget_s);
   int kmax = 1, levels = 0;
   while (kmax * 2 <= std::min(v.cp_max_group, gpus)) kmax *= 2, ++levels;
   for (size_t i = 0; i < patches.size(); ++i) {
     CpItem it;
     it.image = static_cast<int>(i);
     if (v.cp && patches[i] > v.cp_threshold_patches)
-      while (it.k < kmax && SplitFlops(c, patches[i], it.k) > target) it.k *= 2;
+      while (it.k < kmax && ShardSeconds(c, patches[i], it.k) > target &&
+             ShardSeconds(c, patches[i], 2 * it.k) < ShardSeconds(c, patches[i], it.k))
+        it.k *= 2;
     it.flops_per_gpu = SplitFlops(c, patches[i], it.k);
+    it.attn_flops_per_gpu = SplitAttnFlops(c, patches[i], it.k);
     it.gather_bytes_per_gpu = GatherBytes(c, patches[i], it.k);
+    it.exposed_gather_bytes_per_gpu = ExposedGatherBytes(c, patches[i], it.k);
     plan.items.push_back(it);
   }
   std::stable_sort(plan.items.begin(), plan.items.end(), [](const CpItem& a, const CpItem& b) {
@@ -140,7 +182,9 @@ CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gp
     for (int g = it.first_gpu; g < it.first_gpu + it.k; ++g) {
       loads.Add(g, it.flops_per_gpu);
       plan.gpu_flops[g] += it.flops_per_gpu;
+      plan.gpu_attn_flops[g] += it.attn_flops_per_gpu;
       plan.gpu_comm_bytes[g] += it.gather_bytes_per_gpu;
+      plan.gpu_exposed_bytes[g] += it.exposed_gather_bytes_per_gpu;
     }
   }
   std::stable_sort(plan.items.begin(), plan.items.end(),
@@ -162,19 +206,24 @@ double CpCommFraction(const Config& c, const CpPlan& plan) {
 
 namespace {
 
-// A vision task (or a gang shard) from its per-GPU load on a rank of `gpus` GPUs.
-// `gpu_flops`/`gather_bytes`: the busiest GPU's compute and gather-KV traffic; the other
-// totals are for the whole task.
-VisionTask TaskFromLoad(const Config& c, double gpu_flops, double gather_bytes, double model_flops,
-                        double act, double tokens, double patches, int gpus,
-                        bool recompute_outputs_only) {
+// The busiest GPU's load of a task: FLOPs, attention part, gather-KV bytes not hidden
+// under attention (ExposedGatherBytes).
+struct GpuLoad {
+  double flops = 0, attn_flops = 0, exposed_bytes = 0;
+};
+
+// A vision task (or a gang shard) from its busiest GPU's load on a rank of `gpus` GPUs;
+// the other totals are for the whole task.
+VisionTask TaskFromLoad(const Config& c, const GpuLoad& load, double model_flops, double act,
+                        double tokens, double patches, int gpus, bool recompute_outputs_only) {
   const VisionConfig& v = c.model.vision;
   VisionTask t;
-  t.f.flops = gpu_flops * gpus;  // time is set by the most loaded GPU
+  t.f.flops = load.flops * gpus;  // time is set by the most loaded GPU
+  t.f.attn_flops = load.attn_flops * gpus;
   t.f.model_flops = model_flops;
   t.f.hbm_bytes = patches / gpus * v.layers * (20.0 * v.hidden + 4.0 * v.mlp);
-  t.f.tp_bytes = gather_bytes;
-  t.f.tp_calls = gather_bytes > 0 ? v.layers : 0;
+  t.f.tp_bytes = load.exposed_bytes;
+  t.f.tp_calls = load.exposed_bytes > 0 ? v.layers : 0;
   t.f.kernels = 12 * v.layers;
   t.f.layer_begin = 0, t.f.layer_end = v.layers;
   t.act_bytes = act / gpus;
@@ -182,6 +231,7 @@ VisionTask TaskFromLoad(const Config& c, double gpu_flops, double gather_bytes, 
   t.b = t.f;
   // Backward = 2x forward, + the forward again under full recompute.
   t.b.flops = (v.recompute == Recompute::kFull ? 3 : 2) * t.f.flops;
+  t.b.attn_flops = (v.recompute == Recompute::kFull ? 3 : 2) * t.f.attn_flops;
   t.b.model_flops = 2 * model_flops, t.b.hbm_bytes = 2 * t.f.hbm_bytes;
   t.b.tp_bytes = 2 * t.f.tp_bytes, t.b.tp_calls = 2 * t.f.tp_calls, t.b.kernels = 2 * t.f.kernels;
   if (recompute_outputs_only) {
@@ -204,9 +254,9 @@ double Tokens(const Config& c, int64_t patches) {
 }
 
 // One task over whole images on one rank: dynamic CP inside the rank's GPUs.
-VisionTask RankTask(const Config& c, const std::vector<int64_t>& patches, int gpus,
+VisionTask RankTask(const Config& c, const std::vector<int64_t>& patches, int gpus, double budget_s,
                     bool recompute_outputs_only) {
-  CpPlan plan = PlanVisionCp(c, patches, gpus);
+  CpPlan plan = PlanVisionCp(c, patches, gpus, {}, budget_s);
   double model = 0, act = 0, tokens = 0, total = 0;
   for (int64_t p : patches) {
     model += VisionImageFlops(c, p), act += VisionActBytes(c, p), tokens += Tokens(c, p);
@@ -214,8 +264,9 @@ VisionTask RankTask(const Config& c, const std::vector<int64_t>& patches, int gp
   }
   size_t busiest =
       std::max_element(plan.gpu_flops.begin(), plan.gpu_flops.end()) - plan.gpu_flops.begin();
-  return TaskFromLoad(c, plan.gpu_flops[busiest], plan.gpu_comm_bytes[busiest], model, act, tokens,
-                      total, gpus, recompute_outputs_only);
+  const GpuLoad load{plan.gpu_flops[busiest], plan.gpu_attn_flops[busiest],
+                     plan.gpu_exposed_bytes[busiest]};
+  return TaskFromLoad(c, load, model, act, tokens, total, gpus, recompute_outputs_only);
 }
 
 // The vision tasks of micro-batch m of every replica.
@@ -246,7 +297,7 @@ void AddVisionTasks(const Config& c, const StepBatch& batch, int m, const Vision
       for (size_t i = 0; i < patches.size(); ++i)
         if (source[i] == d) mine.push_back(patches[i]);
       if (mine.empty()) continue;
-      VisionTask t = RankTask(c, mine, G, recompute_outputs_only);
+      VisionTask t = RankTask(c, mine, G, pool.latency_budget_s, recompute_outputs_only);
       t.d = d, t.mb = m, t.task = next_task++, t.rank = d * p.pp;
       out->push_back(t);
     }
@@ -255,7 +306,8 @@ void AddVisionTasks(const Config& c, const StepBatch& batch, int m, const Vision
   const int world = dp * p.pp * G;
   auto rank_of = [&](int gpu) { return (gpu % (dp * G)) / G * p.pp + gpu / (dp * G); };
   carry->resize(world, 0.0);
-  CpPlan plan = PlanVisionCp(c, patches, world, *carry);
+  const double budget = pool.latency_budget_s;
+  CpPlan plan = PlanVisionCp(c, patches, world, *carry, budget);
   for (int g = 0; g < world; ++g) (*carry)[g] += plan.gpu_flops[g];
   std::map<std::pair<int, int>, std::vector<int64_t>> whole;  // (rank, source replica) -> images
   std::vector<const CpItem*> gangs;
@@ -266,7 +318,7 @@ void AddVisionTasks(const Config& c, const StepBatch& batch, int m, const Vision
       gangs.push_back(&it);
   }
   for (auto& [key, images] : whole) {
-    VisionTask t = RankTask(c, images, G, recompute_outputs_only);
+    VisionTask t = RankTask(c, images, G, budget, recompute_outputs_only);
     t.d = key.second, t.mb = m, t.task = next_task++, t.rank = key.first;
     out->push_back(t);
   }
@@ -276,10 +328,10 @@ void AddVisionTasks(const Config& c, const StepBatch& batch, int m, const Vision
     std::vector<int> ranks;
     for (int k = 0; k < n; ++k) ranks.push_back(rank_of(it->first_gpu + k * G));
     for (int k = 0; k < n; ++k) {
-      VisionTask t =
-          TaskFromLoad(c, it->flops_per_gpu, it->gather_bytes_per_gpu, VisionImageFlops(c, P) / n,
-                       VisionActBytes(c, P) / n, Tokens(c, P) / n, static_cast<double>(P) / n, G,
-                       recompute_outputs_only);
+      VisionTask t = TaskFromLoad(
+          c, {it->flops_per_gpu, it->attn_flops_per_gpu, it->exposed_gather_bytes_per_gpu},
+          VisionImageFlops(c, P) / n, VisionActBytes(c, P) / n, Tokens(c, P) / n,
+          static_cast<double>(P) / n, G, recompute_outputs_only);
       t.d = d, t.mb = m, t.task = next_task, t.rank = ranks[k], t.shard = k, t.gang_ranks = ranks;
       out->push_back(t);
     }
@@ -355,6 +407,31 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
     }
   }
   return w;
+}
+
+std::vector<PieceWork> SplitTask(const VisionTask& t, const std::vector<int>& bounds) {
+  std::vector<PieceWork> out;
+  const int layers = t.f.layer_end - t.f.layer_begin;
+  auto share = [&](const Work& w, int begin, int end) {
+    const double s = double(end - begin) / layers;
+    Work p = w;
+    p.flops *= s, p.attn_flops *= s, p.model_flops *= s, p.hbm_bytes *= s, p.tp_bytes *= s;
+    p.ep_bytes *= s;
+    p.tp_calls = w.tp_calls * (end - begin) / layers;
+    p.ep_calls = w.ep_calls * (end - begin) / layers;
+    p.kernels = std::max(1, w.kernels * (end - begin) / layers);
+    p.layer_begin = t.f.layer_begin + begin, p.layer_end = t.f.layer_begin + end;
+    return p;
+  };
+  for (size_t k = 0; k + 1 < bounds.size(); ++k) {
+    const bool last = k + 2 == bounds.size();
+    const double act = t.act_bytes * (bounds[k + 1] - bounds[k]) / layers;
+    PieceWork p{share(t.f, bounds[k], bounds[k + 1]), share(t.b, bounds[k], bounds[k + 1])};
+    p.f.mem_delta_bytes = act + (last ? t.out_bytes : 0);
+    p.b.mem_delta_bytes = -p.f.mem_delta_bytes;
+    out.push_back(p);
+  }
+  return out;
 }
 
 }  // namespace pipeplan

@@ -12,28 +12,35 @@ namespace pipeplan {
 
 // ---- Dynamic CP (pure) ----------------------------------------------------------------
 // Places images on a pool of `gpus` GPUs. An image above the patch threshold is split
-// along patches over k GPUs (a power of two, k <= cp_max_group), the smallest k that
-// brings its per-GPU cost to the pool's target load (total / gpus); its k GPUs form an
-// aligned sub-group. Items are placed longest first on the least-loaded sub-group
-// (k = 1: least-loaded GPU), so several large images spread over sub-groups evenly.
-// Each layer of a split image all-gathers K and V among its k GPUs (gather-KV).
+// along patches over k GPUs (a power of two, k <= cp_max_group): the smallest k whose
+// shard time meets the target, max(the pool's per-GPU share of the images' time, the
+// latency budget), doubling only while that makes the shard faster. Shard time = GEMMs
+// at the GEMM rate + attention at the attention rate + the gather-KV that ring attention
+// cannot hide: each layer passes K and V around the sub-group in k - 1 hops, each hop
+// overlapping the attention of the block already held. Its k GPUs form an aligned
+// sub-group. Items are placed longest first on the least-loaded sub-group (k = 1:
+// least-loaded GPU), so several large images spread over sub-groups evenly.
 struct CpItem {
   int image = 0;      // index into the input
   int first_gpu = 0;  // sub-group [first_gpu, first_gpu + k)
   int k = 1;
   double flops_per_gpu = 0;
-  double gather_bytes_per_gpu = 0;  // all layers
+  double attn_flops_per_gpu = 0;            // attention part of flops_per_gpu
+  double gather_bytes_per_gpu = 0;          // all layers
+  double exposed_gather_bytes_per_gpu = 0;  // the part ring attention cannot hide
 };
 struct CpPlan {
   std::vector<CpItem> items;
-  std::vector<double> gpu_flops;       // compute per GPU
-  std::vector<double> gpu_comm_bytes;  // gather-KV bytes per GPU
+  std::vector<double> gpu_flops;          // compute per GPU
+  std::vector<double> gpu_attn_flops;     // its attention part
+  std::vector<double> gpu_comm_bytes;     // gather-KV bytes per GPU
+  std::vector<double> gpu_exposed_bytes;  // of which not hidden under attention
   double max_flops() const;
   double mean_flops() const;
 };
 // `base`: load (FLOPs) already on each GPU, e.g. its text work; empty = none.
 CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gpus,
-                    const std::vector<double>& base = {});
+                    const std::vector<double>& base = {}, double budget_s = 0);
 
 // Seconds of gather-KV over the busiest GPU's compute, from a cost model's numbers:
 // comm / (comm + compute) for the GPU with the most gather traffic.
@@ -66,9 +73,20 @@ struct ModalityWork {
   double generator_params = 0;           // total generator parameters
 };
 
+// Layer-group pieces of a task: bounds {0, l1, ..., layers} -> per piece its forward and
+// backward work, each the share of the task's layers it covers (FLOPs, bytes, collective
+// calls, kernels) with its own layer range. A piece's forward keeps its layers'
+// activations until its backward; the last piece's forward also holds the output.
+struct PieceWork {
+  Work f, b;
+};
+std::vector<PieceWork> SplitTask(const VisionTask& t, const std::vector<int>& bounds);
+
 // Where vision work may run: only on the consumer (inline), or on any GPU of the job.
 struct VisionPool {
   bool consumer_only = false;
+  // An image is not split while its unsplit time is within this, s (PlanVisionCp).
+  double latency_budget_s = 0;
 };
 // Tasks of every micro-batch (see AddVisionTasks in modality.cc for how images become
 // tasks and gangs). `recompute_outputs_only`: decoupled DEP (F keeps the output;

@@ -13,7 +13,7 @@ namespace pipeplan {
 namespace {
 
 constexpr uint32_t kModalityTagBase = 0x80000000u;  // SEND/RECV of modality tasks
-constexpr uint32_t kGangTagBase = 0xC0000000u;      // gang ops (F, B, RECOMPUTE per gang)
+constexpr uint32_t kGangTagBase = 0xC0000000u;      // gang ops: 4 per piece (F, B, RECOMPUTE)
 
 int FirstStage(const PipelineShape& s, int d) {
   return s.rank(d, 0);
@@ -140,7 +140,7 @@ Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const 
     for (auto& [key, ranks] : members) {
       std::set<int32_t> distinct(ranks.begin(), ranks.end());
       if (distinct.size() != ranks.size()) return Internal("a gang has two shards on one rank");
-      gang[key] = {builder->AddGroup(ranks), kGangTagBase + 4 * next++};
+      gang[key] = {builder->AddGroup(ranks), kGangTagBase + 4 * kMaxPieces * next++};
     }
   }
   // Position of every text compute op per rank.
@@ -186,26 +186,42 @@ Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const 
     OpKey base{0, OpKind::kF, Module::kVision, t.shard, t.mb, t.task, -1};
     uint32_t gang_tag = 0;
     if (t.shard >= 0) std::tie(base.peer, gang_tag) = gang[{t.d, t.mb, t.task}];
-    OpKey k = base;
-    size_t fpos = at(p.rank, p.f), bpos = at(p.rank, p.b);
-    add(p.rank, fpos, 1, p.f_at, k, ids.vision_f[i], gang_tag);
+    // The task as pieces (a whole task is one piece, index -1): forwards in layer order,
+    // the output sent after the last; its gradient received before the last piece's
+    // backward, which runs first.
+    std::vector<VisionPlacement::Piece> pieces = p.pieces;
+    if (pieces.empty()) pieces.push_back({p.f, p.b, p.f_at, p.b_at});
+    const int n = static_cast<int>(pieces.size());
+    auto piece_key = [&](OpKind kind, int piece) {
+      OpKey k = base;
+      k.kind = kind, k.piece = n > 1 ? piece : -1;
+      return k;
+    };
+    auto piece_tag = [&](int piece, uint32_t kind) {
+      return gang_tag ? gang_tag + 4 * static_cast<uint32_t>(piece) + kind : 0;
+    };
+    for (int q = 0; q < n; ++q)
+      add(p.rank, at(p.rank, pieces[q].f), 1, pieces[q].f_at, piece_key(OpKind::kF, q),
+          n > 1 ? ids.piece_f[i][q] : ids.vision_f[i], piece_tag(q, 0));
+    const size_t fpos = at(p.rank, pieces.back().f), bpos = at(p.rank, pieces.back().b);
+    const double f_at = pieces.back().f_at, b_at = pieces.back().b_at;
     if (p.rank != c) {
-      k = base;
+      OpKey k = base;
       k.kind = OpKind::kSendF, k.peer = c;
-      add(p.rank, fpos, 1, p.f_at, k, ids.vision_out[i], tag);
+      add(p.rank, fpos, 1, f_at, k, ids.vision_out[i], tag);
       k.kind = OpKind::kRecvF, k.peer = p.rank;
       add(c, at(c, Before(OpKind::kF, 0, t.mb)), 2, 0, k, ids.vision_out[i], tag);
       k.kind = OpKind::kSendB, k.peer = p.rank;
       add(c, at(c, After(OpKind::kB, 0, t.mb)), 0, 0, k, ids.vision_out[i], tag + 1);
       k.kind = OpKind::kRecvB, k.peer = c;
-      add(p.rank, bpos, 1, p.b_at, k, ids.vision_out[i], tag + 1);
+      add(p.rank, bpos, 1, b_at, k, ids.vision_out[i], tag + 1);
     }
-    if (p.recompute) {
-      k = base, k.kind = OpKind::kRecompute;
-      add(p.rank, bpos, 1, p.b_at, k, ids.vision_recompute[i], gang_tag ? gang_tag + 2 : 0);
-    }
-    k = base, k.kind = OpKind::kB;
-    add(p.rank, bpos, 1, p.b_at, k, ids.vision_b[i], gang_tag ? gang_tag + 1 : 0);
+    if (p.recompute)
+      add(p.rank, bpos, 1, b_at, piece_key(OpKind::kRecompute, 0), ids.vision_recompute[i],
+          piece_tag(0, 2));
+    for (int q = n - 1; q >= 0; --q)
+      add(p.rank, at(p.rank, pieces[q].b), 1, pieces[q].b_at, piece_key(OpKind::kB, q),
+          n > 1 ? ids.piece_b[i][q] : ids.vision_b[i], piece_tag(q, 1));
   }
   for (size_t i = 0; i < w.generator.size(); ++i) {
     const GeneratorPlacement& p = generator[i];

@@ -31,6 +31,13 @@ struct VisionPlacement {
   Anchor f, b;
   bool recompute = false;     // RECOMPUTE right before the backward (decoupled DEP)
   double f_at = 0, b_at = 0;  // planned start, s: orders modality ops at one anchor
+  // Layer-group pieces (ModalityWork's piece works, in layer order), each placed on
+  // `rank`; empty = the task runs whole.
+  struct Piece {
+    Anchor f, b;
+    double f_at = 0, b_at = 0;
+  };
+  std::vector<Piece> pieces;
 };
 
 struct GeneratorPlacement {
@@ -38,9 +45,14 @@ struct GeneratorPlacement {
   Anchor f, b;
 };
 
+// Most layer-group pieces of one task (gang tags leave room for this many).
+inline constexpr int kMaxPieces = 64;
+
 struct ModalityWorkIds {
   std::vector<WorkId> vision_f, vision_b, vision_recompute, vision_out;  // per vision task
   std::vector<WorkId> generator_f, generator_b;                          // per generator task
+  // Per vision task placed in pieces: each piece's forward and backward work (SplitTask).
+  std::vector<std::vector<WorkId>> piece_f, piece_b;
 };
 
 // Policies (pure): from the text schedule shape and the tasks to placements.

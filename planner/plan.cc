@@ -1,5 +1,7 @@
 #include "planner/plan.h"
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "planner/data.h"
@@ -16,19 +18,6 @@ namespace {
 
 bool Multimodal(const Config& c) {
   return c.model.vision.enabled || c.model.generator.enabled;
-}
-
-// The predicted timeline of one DP replica of the same plan without the vision encoder
-// (text and generator): nested anchors vision work on its times. Replicas run the same
-// text schedule, so one stands for all (its stages sit on neighbouring GPUs, so its p2p
-// transfers are a little optimistic).
-StatusOr<std::pair<Table, Timeline>> TextTimeline(const Config& c) {
-  Config text = c;
-  text.model.vision.enabled = false;
-  text.parallel.dp = 1;
-  ASSIGN_OR_RETURN(Table t, BuildPlan(text));
-  ASSIGN_OR_RETURN(Timeline tl, Simulate(t, CostModel::Real(c.cluster.spec).Durations(t)));
-  return std::make_pair(std::move(t), std::move(tl));
 }
 
 // Timing inputs of the list scheduler: text compute per global stage, p2p transfers
@@ -69,15 +58,59 @@ ListInput ListInputOf(const Config& c, const PipelineShape& shape,
   return in;
 }
 
-// The list scheduler's rules for a policy (list_schedule.h). Bubble-fill: every gap,
-// whole-image forwards move to ranks in a gap. Optimus: the same gaps, no moves, and
-// backwards only in gaps or after the text (the encoder state of every micro-batch kept).
-ListRules RulesOf(ModalityPolicy policy) {
+// The list scheduler's rules for a policy (list_schedule.h). Nested: a forward runs at
+// most `modality_window` rounds ahead of its consumer and a backward is due once the
+// consumer is twice that far ahead, so encoder activations stay O(1) in micro-batches.
+// Bubble-fill: every gap, whole-image forwards move to ranks in a gap. Optimus: the same
+// gaps, no moves, and backwards only in gaps or after the text (every encoder state kept).
+ListRules RulesOf(const Config& c, ModalityPolicy policy) {
   ListRules r;
-  r.pace = false;
+  if (policy == ModalityPolicy::kNested) {
+    r.window = c.schedule.modality_window > 0 ? c.schedule.modality_window : c.parallel.pp;
+    r.backward_window = 2 * r.window;
+  }
   r.steal = policy == ModalityPolicy::kBubbleFill;
-  r.backward_in_gaps_only = policy == ModalityPolicy::kOptimus;
+  r.phases = policy == ModalityPolicy::kOptimus;
   return r;
+}
+
+// Latency budget of an image under the pipelined policies: its forward may start `window`
+// text rounds (one micro-batch's text F and B on the busiest stage) before its consumer
+// needs it, so an image that takes no longer is not split (dynamic CP would only add
+// gather-KV and a gang to synchronise).
+double PipelinedBudget(const Config& c, const PipelineShape& shape, const TextWorkload& tw) {
+  const CostModel cost = CostModel::Real(c.cluster.spec);
+  const int gpus = c.parallel.tp * c.parallel.cp;
+  double round = 0;
+  for (int s = 0; s < shape.pp; ++s) {
+    double stage = 0;
+    for (int ch = 0; ch < shape.vp; ++ch) {
+      const int g = ch * shape.pp + s;
+      for (const Work* w : {&tw.f[g], &tw.b[g]})
+        stage +=
+            cost.ComputeSeconds(*w, gpus, c.parallel.tp, c.parallel.ep, c.cluster.gpus_per_node);
+    }
+    round = std::max(round, stage);
+  }
+  const int window = c.schedule.modality_window > 0 ? c.schedule.modality_window : shape.pp;
+  return window * round;
+}
+
+// Layer-group pieces: each task is cut into the fewest equal layer groups whose forward
+// and backward each take no longer than the shortest text forward (a piece then fits the
+// gaps the text pipeline leaves and never stalls it by more than one text op).
+std::vector<std::vector<int>> PieceBounds(const Config& c, const ListInput& in) {
+  const double quantum = *std::min_element(in.f_s.begin(), in.f_s.end());
+  const int layers = c.model.vision.layers;
+  std::vector<std::vector<int>> bounds(in.vf_s.size());
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    const double longest = std::max(in.vf_s[i], in.vb_s[i]);
+    const int n = quantum > 0 ? std::clamp(static_cast<int>(std::ceil(longest / quantum)), 1,
+                                           std::min(layers, kMaxPieces))
+                              : 1;
+    for (int k = 0; k <= n; ++k) bounds[i].push_back(k * layers / n);
+  }
+  return bounds;
 }
 
 Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch& batch,
@@ -88,6 +121,9 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
   const bool decoupled = policy == ModalityPolicy::kDecoupled;
   VisionPool pool;
   pool.consumer_only = policy == ModalityPolicy::kInline;
+  if (policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill ||
+      policy == ModalityPolicy::kOptimus)
+    pool.latency_budget_s = PipelinedBudget(c, shape, tw);
   ModalityWork w = BuildModalityWork(c, batch, pool, decoupled && c.schedule.decoupled_recompute);
   ModalityWorkIds ids;
   for (const VisionTask& t : w.vision) {
@@ -111,18 +147,21 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
       vision = PlaceVisionDecoupled(shape, w, c.schedule.decoupled_recompute);
       break;
     case ModalityPolicy::kNested:
-      if (!w.vision.empty()) {
-        ASSIGN_OR_RETURN(auto text, TextTimeline(c));
-        vision = PlaceVisionNested(shape, w, text.first, text.second);
-      }
-      break;
     case ModalityPolicy::kBubbleFill:
     case ModalityPolicy::kOptimus:
       if (!w.vision.empty()) {
-        ASSIGN_OR_RETURN(
-            ListResult placed,
-            ScheduleModality(ListInputOf(c, shape, orders, tw, ranks, w), w, RulesOf(policy)));
+        ListInput in = ListInputOf(c, shape, orders, tw, ranks, w);
+        in.bounds = PieceBounds(c, in);
+        ASSIGN_OR_RETURN(ListResult placed, ScheduleModality(in, w, RulesOf(c, policy)));
         vision = std::move(placed.vision);
+        ids.piece_f.resize(w.vision.size()), ids.piece_b.resize(w.vision.size());
+        for (size_t i = 0; i < w.vision.size(); ++i) {
+          if (in.bounds[i].size() <= 2) continue;
+          for (const PieceWork& p : SplitTask(w.vision[i], in.bounds[i])) {
+            ids.piece_f[i].push_back(b->AddWork(p.f));
+            ids.piece_b[i].push_back(b->AddWork(p.b));
+          }
+        }
       }
       break;
   }

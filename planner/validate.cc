@@ -196,8 +196,8 @@ Status CheckFlow(const Table& t) {
 //   text F(last, m) -> generator F(m) -> generator B(m) -> text B(last, m).
 Status CheckModality(const Table& t) {
   const PlanMeta& m = t.meta();
-  using Key = std::tuple<int32_t, int, int, int32_t, int32_t,
-                         int32_t>;  // rank, module, kind, chunk, mb, task
+  using Key = std::tuple<int32_t, int, int, int32_t, int32_t, int32_t,
+                         int32_t>;  // rank, module, kind, chunk, mb, task, piece
   std::map<Key, OpId> at;
   std::vector<OpId> modal;
   for (OpId i = 0; i < t.size(); ++i) {
@@ -206,12 +206,15 @@ Status CheckModality(const Table& t) {
     if (mod == Module::kOptimizer || IsCollective(k)) continue;
     if (mod == Module::kText && !(k == OpKind::kF || k == OpKind::kB || k == OpKind::kSendB))
       continue;
-    Key key{t.rank(i), static_cast<int>(mod), static_cast<int>(k), t.chunk(i), t.mb(i), t.task(i)};
+    Key key{t.rank(i), static_cast<int>(mod), static_cast<int>(k), t.chunk(i), t.mb(i), t.task(i),
+            t.piece(i)};
     if (!at.emplace(key, i).second) return InvalidPlan(fmt::format("{}: appears twice", t.str(i)));
     if (mod != Module::kText && (k == OpKind::kF || k == OpKind::kB)) modal.push_back(i);
   }
-  auto find = [&](int32_t rank, Module mod, OpKind k, int32_t chunk, int32_t mb, int32_t task) {
-    auto it = at.find(Key{rank, static_cast<int>(mod), static_cast<int>(k), chunk, mb, task});
+  auto find = [&](int32_t rank, Module mod, OpKind k, int32_t chunk, int32_t mb, int32_t task,
+                  int32_t piece = -1) {
+    auto it =
+        at.find(Key{rank, static_cast<int>(mod), static_cast<int>(k), chunk, mb, task, piece});
     return it == at.end() ? UINT32_MAX : it->second;
   };
   auto text = [&](int32_t rank, OpKind k, int32_t chunk, int32_t mb) {
@@ -241,6 +244,24 @@ Status CheckModality(const Table& t) {
   for (OpId i : modal) {
     const int32_t d = t.ranks()[t.rank(i)].dp, mb = t.mb(i), task = t.task(i);
     const int32_t last = d * m.pp + m.pp - 1;
+    if (t.module(i) == Module::kVision && t.piece(i) >= 0) {
+      // Layer-group pieces on one rank: forwards in piece order, backwards in reverse,
+      // each backward after its own forward; the last piece carries the task's data flow.
+      const int32_t p = t.piece(i), r = t.rank(i), c = t.chunk(i);
+      const OpId next = find(r, Module::kVision, t.kind(i), c, mb, task, p + 1);
+      if (next != UINT32_MAX) {
+        const bool fwd = t.kind(i) == OpKind::kF;
+        if ((next < i) == fwd)
+          return InvalidPlan(
+              fmt::format("{}: runs {} {}", t.str(i), fwd ? "after" : "before", t.str(next)));
+        if (!fwd) {
+          OpId own = find(r, Module::kVision, OpKind::kF, c, mb, task, p);
+          if (own == UINT32_MAX || own > i)
+            return InvalidPlan(fmt::format("{}: runs before its forward piece", t.str(i)));
+        }
+        continue;
+      }
+    }
     if (t.module(i) == Module::kVision) {
       // The consumer: the peer of the task's SEND_F (or RECV_B), else the rank itself,
       // which must then be a first stage.
@@ -258,7 +279,8 @@ Status CheckModality(const Table& t) {
         RETURN_IF_ERROR(arrives(i, text_f, Module::kVision, OpKind::kRecvF, t.chunk(i), task,
                                 "its vision input"));
       } else {
-        OpId fwd_op = find(t.rank(i), Module::kVision, OpKind::kF, t.chunk(i), mb, task);
+        OpId fwd_op =
+            find(t.rank(i), Module::kVision, OpKind::kF, t.chunk(i), mb, task, t.piece(i));
         if (fwd_op == UINT32_MAX || fwd_op > i)
           return InvalidPlan(
               fmt::format("{}: runs before its vision forward on the same rank", t.str(i)));
@@ -279,8 +301,8 @@ Status CheckModality(const Table& t) {
     }
   }
   for (OpId i : modal)
-    if (t.kind(i) == OpKind::kF &&
-        find(t.rank(i), t.module(i), OpKind::kB, t.chunk(i), t.mb(i), t.task(i)) == UINT32_MAX)
+    if (t.kind(i) == OpKind::kF && find(t.rank(i), t.module(i), OpKind::kB, t.chunk(i), t.mb(i),
+                                        t.task(i), t.piece(i)) == UINT32_MAX)
       return InvalidPlan(fmt::format("{}: has no backward on its rank", t.str(i)));
   return Status::Ok();
 }

@@ -53,7 +53,7 @@ TEST_CASE("list scheduler: a forward that fits the warm-up gap costs nothing") {
   ModalityWork w = OneTask(1, 1);
   for (bool steal : {false, true}) {
     ListRules rules;
-    rules.pace = false, rules.steal = steal;
+    rules.steal = steal;
     auto r = ScheduleModality(in, w, rules);
     REQUIRE_MESSAGE(r.ok(), r.status().message());
     CHECK(r->makespan_s == doctest::Approx(9));
@@ -72,7 +72,6 @@ TEST_CASE("list scheduler: a forward longer than the gap delays its consumer by 
   ListInput in = TwoStages();
   in.vf_s = {2}, in.vb_s = {0}, in.out_s = {0};
   ListRules rules;
-  rules.pace = false;
   auto r = ScheduleModality(in, OneTask(1, 1), rules);
   REQUIRE_MESSAGE(r.ok(), r.status().message());
   CHECK(r->makespan_s == doctest::Approx(10));
@@ -86,7 +85,6 @@ TEST_CASE("list scheduler: a backward waits for its gradient, then fills the coo
   ListInput in = TwoStages();
   in.vf_s = {1}, in.vb_s = {2}, in.out_s = {0};
   ListRules rules;
-  rules.pace = false;
   auto r = ScheduleModality(in, OneTask(0, 1), rules);
   REQUIRE_MESSAGE(r.ok(), r.status().message());
   CHECK(r->makespan_s == doctest::Approx(10));
@@ -110,7 +108,7 @@ TEST_CASE("list scheduler: the shards of a gang start together") {
   in.vf_s = {0.5, 0.5}, in.vb_s = {1, 1}, in.out_s = {0, 0};
   for (bool steal : {false, true}) {
     ListRules rules;
-    rules.pace = false, rules.steal = steal;
+    rules.steal = steal;
     auto r = ScheduleModality(in, w, rules);
     REQUIRE_MESSAGE(r.ok(), r.status().message());
     REQUIRE(r->vision.size() == 2);
