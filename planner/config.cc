@@ -340,6 +340,7 @@ void ReadSchedule(MapReader m, ScheduleConfig* c) {
   m.Enum({"modality"}, &c->modality, kModalityNames);
   m.Bool({"decoupled_recompute"}, &c->decoupled_recompute);
   m.Int({"modality_window"}, &c->modality_window, 0);
+  m.Double({"modality_budget_gib"}, &c->modality_budget_gib, 0);
   m.Finish();
 }
 

@@ -102,8 +102,10 @@ struct ScheduleConfig {
   ModalityPolicy modality = ModalityPolicy::kInline;
   bool decoupled_recompute = false;  // decoupled: keep only encoder outputs, recompute (K2.5 DEP)
   // nested: a micro-batch's encoder forward may start once its consumer has started the
-  // text forward of the micro-batch `modality_window` earlier (text rounds); 0 = pp.
+  // text forward of the micro-batch `modality_window` earlier (text rounds); 0 = 2 pp.
   int modality_window = 0;
+  // nested: encoder activations a rank may hold, GiB per GPU; 0 = automatic (plan.cc).
+  double modality_budget_gib = 0;
 };
 
 struct Config {

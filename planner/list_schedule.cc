@@ -114,11 +114,18 @@ class Pass {
   bool WindowOpen(int task, double t) const;
   // Window: the backward of micro-batch m is overdue once its consumer has started the
   // text forward of m + backward_window (bounds the encoder activations alive).
+  double PieceBytes(int task, int piece) const {
+    return in_.bytes.empty() ? 0 : in_.bytes[task] * Share(task, piece, piece + 1);
+  }
+  bool OverBudget(int r, double extra) const {
+    return rules_.memory_budget_bytes > 0 && alive_[r] + extra > rules_.memory_budget_bytes;
+  }
   bool BackwardOverdue(int task, double t) const {
+    if (OverBudget(jobs_[task].rank, 0)) return true;
     const VisionTask& v = w_.vision[task];
     const int w = rules_.backward_window;
     if (w <= 0 || v.mb + w >= s_.m) return false;
-    const double st = start_[s_.rank(v.d, 0)][PosOf(0, OpKind::kF, 0, v.mb + w)];
+    const double st = start_[s_.rank(v.d, 0)][PosOf(0, OpKind::kB, 0, v.mb + w)];
     return st != kUnknown && st <= t;
   }
 
@@ -153,6 +160,7 @@ class Pass {
       heap_;
   double makespan_ = 0;
   std::vector<int> first_b_, last_f_;  // per stage: text positions
+  std::vector<double> alive_;          // per rank: encoder activation bytes held
 };
 
 double Pass::Duration(int r, int i) const {
@@ -219,6 +227,7 @@ int Pass::PickForward(int r, double t, double gap, bool any_window) {
     if (ForwardDone(task) || jobs_[task].rank != r) continue;
     ++seen;
     if (NextForward(task) > gap || (!any_window && !WindowOpen(task, t))) continue;
+    if (!any_window && OverBudget(r, PieceBytes(task, jobs_[task].f_next))) continue;
     return task;
   }
   return kNone;
@@ -286,6 +295,7 @@ double Pass::RunForward(int task, int r, double start) {
   }
   if (job.f_next == 0) stealable_.erase({NextForward(task), task});
   const double dur = NextForward(task);
+  alive_[r] += PieceBytes(task, job.f_next);
   job.slots[job.f_next++].f = {start, pos_[r]};
   if (ForwardDone(task)) {
     const size_t k = static_cast<size_t>(v.d) * s_.m + v.mb;
@@ -298,6 +308,7 @@ double Pass::RunForward(int task, int r, double start) {
 double Pass::RunBackward(int task, double start) {
   Job& job = jobs_[task];
   const double dur = NextBackward(task);
+  alive_[job.rank] -= PieceBytes(task, Pieces(task) - 1 - job.b_next);
   job.slots[Pieces(task) - 1 - job.b_next++].b = {start, pos_[job.rank]};
   return dur;
 }
@@ -487,6 +498,7 @@ Status Pass::Run() {
   for (int r = 0; r < R; ++r)
     std::stable_sort(forwards_[r].begin(), forwards_[r].end(),
                      [&](int a, int b) { return Deadline(a) < Deadline(b); });
+  alive_.assign(R, 0.0);
   first_b_.assign(s_.pp, 0), last_f_.assign(s_.pp, 0);
   for (int st = 0; st < s_.pp; ++st) {
     const auto& order = in_.orders[st];

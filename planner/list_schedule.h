@@ -43,9 +43,12 @@ namespace pipeplan {
 struct ListRules {
   int window = 0;           // rounds a forward may run ahead of its consumer; 0 = no window
   int backward_window = 0;  // rounds a backward may trail its consumer's forward; 0 = none
-  bool steal = false;       // whole-image forwards move to ranks in a gap
-  bool phases = false;      // optimus: forwards only until the first text backward, backwards
-                            // only after the last text forward (and on deadlines)
+  // Encoder activation bytes per GPU a rank may hold: a forward piece that would exceed it
+  // waits (unless its deadline has come) and released backwards become due; 0 = none.
+  double memory_budget_bytes = 0;
+  bool steal = false;   // whole-image forwards move to ranks in a gap
+  bool phases = false;  // optimus: forwards only until the first text backward, backwards
+                        // only after the last text forward (and on deadlines)
   int passes = 4;
 };
 
@@ -59,6 +62,7 @@ struct ListInput {
   std::vector<double> next_p2p_s;      // per rank r: a text transfer between r and r + 1
   std::vector<double> vf_s, vb_s;      // per vision task: forward, backward (with recompute)
   std::vector<double> out_s;           // per vision task: transfer to (and from) its consumer
+  std::vector<double> bytes;           // per vision task: activation + output bytes per GPU
   // Per vision task: layer bounds of its pieces {0, l1, ..., layers}; empty = whole tasks.
   // Piece k takes the share (l[k+1] - l[k]) / layers of the task's forward and backward.
   std::vector<std::vector<int>> bounds;

@@ -32,61 +32,6 @@ Anchor End() {
   return {OpKind::kF, 0, -1, false};
 }
 
-// Predicted text timeline of every rank: its F/B ops in order with start and end times,
-// and where each first stage runs F and B of chunk 0 per micro-batch.
-class TextTimes {
- public:
-  struct Op {
-    double start, end;
-    Anchor anchor;
-  };
-  // `t`: one replica's plan; ranks of any replica map to its stages.
-  TextTimes(const Table& t, const Timeline& tl) : pp_(t.meta().pp), ops_(t.num_ranks()) {
-    for (OpId i = 0; i < t.size(); ++i) {
-      OpKind k = t.kind(i);
-      if (t.module(i) != Module::kText || (k != OpKind::kF && k != OpKind::kB)) continue;
-      ops_[t.rank(i)].push_back({tl.start[i], tl.end[i], Anchor{k, t.chunk(i), t.mb(i), false}});
-    }
-  }
-  // Before the rank's first text op that starts at or after `time` (else at the end).
-  Anchor At(int rank, double time) const {
-    for (const Op& o : ops_[rank % pp_])
-      if (o.start >= time) return o.anchor;
-    return Anchor{OpKind::kF, 0, -1, false};
-  }
-  const Op* Find(int rank, OpKind k, int mb) const {
-    for (const Op& o : ops_[rank % pp_])
-      if (o.anchor.kind == k && o.anchor.chunk == 0 && o.anchor.mb == mb) return &o;
-    return nullptr;
-  }
-  double Start(int rank, OpKind k, int mb) const { return Find(rank, k, mb)->start; }
-  double End(int rank, OpKind k, int mb) const { return Find(rank, k, mb)->end; }
-
- private:
-  int pp_;
-  std::vector<std::vector<Op>> ops_;
-};
-
-// Nested anchors, by predicted time so that they hold for any text schedule and put the
-// same round on every rank at the same moment (stalls overlap instead of adding up):
-//   forward of micro-batch m: when the consumer starts its text forward (chunk 0) of
-//     m - pp - 1, i.e. a round ahead (up front for the first pp + 1 micro-batches);
-//   backward: when the consumer ends its text backward (chunk 0) of m + pp: the gradient
-//     exists by then (the last pp micro-batches' backwards go to the end).
-// Inserting before the first text op that starts at/after such a time is dependency-safe:
-// what runs before it started before the consumer needed the output, and what runs after
-// it starts after the gradient was produced. Encoder activations live about 2 pp + 1
-// rounds per rank: O(1) in the number of micro-batches.
-VisionPlacement NestedAnchors(const PipelineShape& s, const TextTimes& times, const VisionTask& t,
-                              int rank) {
-  const int c = FirstStage(s, t.d), kf = t.mb - s.pp - 1, kb = t.mb + s.pp;
-  VisionPlacement p;
-  p.rank = rank;
-  p.f = kf < 0 ? Before(OpKind::kF, 0, 0) : times.At(rank, times.Start(c, OpKind::kF, kf));
-  p.b = kb < s.m ? times.At(rank, times.End(c, OpKind::kB, kb)) : End();
-  return p;
-}
-
 }  // namespace
 
 std::vector<VisionPlacement> PlaceVisionInline(const PipelineShape& s, const ModalityWork& w) {
@@ -104,15 +49,6 @@ std::vector<VisionPlacement> PlaceVisionDecoupled(const PipelineShape&, const Mo
   std::vector<VisionPlacement> out;
   for (const VisionTask& t : w.vision)
     out.push_back({t.rank, Before(OpKind::kF, 0, 0), End(), recompute});
-  return out;
-}
-
-std::vector<VisionPlacement> PlaceVisionNested(const PipelineShape& s, const ModalityWork& w,
-                                               const Table& text, const Timeline& tl) {
-  // On the ranks dynamic CP chose (balanced with the text load), anchored by NestedAnchors.
-  TextTimes times(text, tl);
-  std::vector<VisionPlacement> out;
-  for (const VisionTask& t : w.vision) out.push_back(NestedAnchors(s, times, t, t.rank));
   return out;
 }
 

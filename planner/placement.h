@@ -59,13 +59,8 @@ struct ModalityWorkIds {
 std::vector<VisionPlacement> PlaceVisionInline(const PipelineShape& s, const ModalityWork& w);
 std::vector<VisionPlacement> PlaceVisionDecoupled(const PipelineShape& s, const ModalityWork& w,
                                                   bool recompute);
-// Which rank runs a task is decided by dynamic CP in BuildModalityWork (VisionTask::rank);
-// nested decides when, on the predicted timeline of one replica without the encoder:
-// `text` is that table (ids rank-major), `tl` its simulated timeline. This placement is
-// open-loop (anchored on text-only times); bubble-fill and optimus use the closed-loop
-// list scheduler (planner/list_schedule.h).
-std::vector<VisionPlacement> PlaceVisionNested(const PipelineShape& s, const ModalityWork& w,
-                                               const Table& text, const Timeline& tl);
+// Nested, bubble-fill and optimus place tasks with the closed-loop list scheduler
+// (planner/list_schedule.h); dynamic CP in BuildModalityWork chose each task's rank.
 // The generator runs on the last stage between the text F and B of the last chunk.
 std::vector<GeneratorPlacement> PlaceGenerator(const PipelineShape& s, const ModalityWork& w);
 

@@ -16,6 +16,8 @@
 namespace pipeplan {
 namespace {
 
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
 bool Multimodal(const Config& c) {
   return c.model.vision.enabled || c.model.generator.enabled;
 }
@@ -50,6 +52,7 @@ ListInput ListInputOf(const Config& c, const PipelineShape& shape,
     for (int r : t.gang_ranks) across = across || ranks[r].node != ranks[t.rank].node;
     in.vf_s.push_back(compute(t.f, across));
     in.vb_s.push_back(compute(t.b, across) + (t.recompute.flops > 0 ? compute(t.recompute) : 0));
+    in.bytes.push_back(t.act_bytes + t.out_bytes);
     const int consumer = shape.rank(t.d, 0);
     in.out_s.push_back(t.rank == consumer ? 0
                                           : cost.P2PSeconds(t.out_bytes, ranks[t.rank].node ==
@@ -58,16 +61,34 @@ ListInput ListInputOf(const Config& c, const PipelineShape& shape,
   return in;
 }
 
-// The list scheduler's rules for a policy (list_schedule.h). Nested: a forward runs at
-// most `modality_window` rounds ahead of its consumer and a backward is due once the
-// consumer is twice that far ahead, so encoder activations stay O(1) in micro-batches.
-// Bubble-fill: every gap, whole-image forwards move to ranks in a gap. Optimus: the same
-// gaps, no moves, and backwards only in gaps or after the text (every encoder state kept).
-ListRules RulesOf(const Config& c, ModalityPolicy policy) {
+// Text rounds a micro-batch's encoder work may run ahead of its consumer (nested's window,
+// and the latency budget of dynamic CP): `schedule.modality_window`, else 2 pp, the rounds
+// an activation of 1F1B's first stage lives (pp) and as many again for the encoder.
+int ModalityWindow(const Config& c) {
+  return c.schedule.modality_window > 0 ? c.schedule.modality_window : 2 * c.parallel.pp;
+}
+
+// The list scheduler's rules for a policy (list_schedule.h).
+// Nested: a forward runs at most `window` rounds ahead of its consumer, a backward is due
+// once the consumer's text backward is `window` micro-batches further, and each rank holds
+// at most a budget of encoder activations: `schedule.modality_budget_gib`, else 2 pp
+// rounds of the mean encoder bytes per GPU and round plus the largest task's (the same
+// for any micro-batch count, so the peak stays flat).
+// Bubble-fill: every gap, whole-image forwards move to ranks in a gap. Optimus: forwards
+// only until a rank's first text backward, backwards only after its last text forward
+// (Optimus's encoder state of every micro-batch is kept).
+ListRules RulesOf(const Config& c, ModalityPolicy policy, const ListInput& in) {
   ListRules r;
   if (policy == ModalityPolicy::kNested) {
-    r.window = c.schedule.modality_window > 0 ? c.schedule.modality_window : c.parallel.pp;
-    r.backward_window = 2 * r.window;
+    r.window = r.backward_window = ModalityWindow(c);
+    if (c.schedule.modality_budget_gib > 0) {
+      r.memory_budget_bytes = c.schedule.modality_budget_gib * kGiB;
+    } else {
+      double total = 0, largest = 0;
+      for (double x : in.bytes) total += x, largest = std::max(largest, x);
+      const double rounds = double(in.shape.m) * in.shape.dp * in.shape.pp;  // per GPU
+      r.memory_budget_bytes = 2 * in.shape.pp * total / rounds + largest;
+    }
   }
   r.steal = policy == ModalityPolicy::kBubbleFill;
   r.phases = policy == ModalityPolicy::kOptimus;
@@ -92,8 +113,7 @@ double PipelinedBudget(const Config& c, const PipelineShape& shape, const TextWo
     }
     round = std::max(round, stage);
   }
-  const int window = c.schedule.modality_window > 0 ? c.schedule.modality_window : shape.pp;
-  return window * round;
+  return ModalityWindow(c) * round;
 }
 
 // Layer-group pieces: each task is cut into the fewest equal layer groups whose forward
@@ -152,7 +172,7 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
       if (!w.vision.empty()) {
         ListInput in = ListInputOf(c, shape, orders, tw, ranks, w);
         in.bounds = PieceBounds(c, in);
-        ASSIGN_OR_RETURN(ListResult placed, ScheduleModality(in, w, RulesOf(c, policy)));
+        ASSIGN_OR_RETURN(ListResult placed, ScheduleModality(in, w, RulesOf(c, policy, in)));
         vision = std::move(placed.vision);
         ids.piece_f.resize(w.vision.size()), ids.piece_b.resize(w.vision.size());
         for (size_t i = 0; i < w.vision.size(); ++i) {
