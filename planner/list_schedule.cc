@@ -121,7 +121,7 @@ class Pass {
     return rules_.memory_budget_bytes > 0 && alive_[r] + extra > rules_.memory_budget_bytes;
   }
   bool BackwardOverdue(int task, double t) const {
-    if (OverBudget(jobs_[task].rank, 0)) return true;
+    if (jobs_[task].gang == kNone && OverBudget(jobs_[task].rank, 0)) return true;
     const VisionTask& v = w_.vision[task];
     const int w = rules_.backward_window;
     if (w <= 0 || v.mb + w >= s_.m) return false;
@@ -316,10 +316,11 @@ double Pass::RunBackward(int task, double start) {
 // Whether r may start gang `g` now: every member is free of other gangs.
 bool Pass::TryGang(int r, int g) {
   if (!follow_[r].empty()) return false;  // it posts the gangs it follows first
-  for (int task : gangs_[g].tasks) {
+  const Gang& gang = gangs_[g];
+  for (int task : gang.tasks) {
     const int q = jobs_[task].rank;
     if (q != r && posted_[q] != kNone) return false;
-    if (gangs_[g].backward && jobs_[task].release == kUnknown) return false;
+    if (gang.backward && jobs_[task].release == kUnknown) return false;
   }
   gangs_[g].number = gangs_initiated_++;
   for (int task : gangs_[g].tasks) {
@@ -383,10 +384,7 @@ bool Pass::Decide(int r) {
   // A forward that must start now to meet its deadline.
   auto run = [&](int task, bool backward) {
     const int g = jobs_[task].gang;
-    if (g != kNone) {
-      const int gi = backward ? g + 1 : g;
-      return TryGang(r, gi);
-    }
+    if (g != kNone) return TryGang(r, backward ? g + 1 : g);
     free_[r] = t + (backward ? RunBackward(task, t) : RunForward(task, r, t));
     Push(r);
     return true;
@@ -402,6 +400,8 @@ bool Pass::Decide(int r) {
     RunText(r, t);
     return true;
   }
+  // The rank would wait for its text: gangs it follows start now.
+  if (FollowDue(r, true)) return true;
   if (text_left && ready == kUnknown) {
     parked_[r] = 1;  // woken when the op it waits for is placed
     return false;

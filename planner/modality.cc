@@ -358,9 +358,22 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
         g.layers * (4.0 * g.hidden * g.hidden + 2.0 * g.hidden * g.mlp + 6.0 * g.hidden * g.hidden);
   const int rounds = batch.replicas.empty() ? 0 : static_cast<int>(batch.replicas[0].size());
   std::vector<double> carry;
+  VisionPool round_pool = pool;
+  if (v.enabled && pool.latency_budget_s > 0 && !pool.consumer_only) {
+    // Balance over the step: longest-first placement on the least-loaded GPU leaves the
+    // busiest GPU at most one item above the mean, so an image may stay whole only while
+    // its forward is at most half of a GPU's encoder forward time for the whole step.
+    double step = 0;
+    for (const auto& replica : batch.replicas)
+      for (const MicroBatch& mb : replica)
+        for (const Sample& smp : mb.samples)
+          for (const Image& img : smp.images) step += ShardSeconds(c, Patches(img, v.patch), 1);
+    const double per_gpu = step / c.world();
+    round_pool.latency_budget_s = std::min(pool.latency_budget_s, per_gpu / 2);
+  }
   if (v.enabled)
     for (int m = 0; m < rounds; ++m)
-      AddVisionTasks(c, batch, m, pool, recompute_outputs_only, &carry, &w.vision);
+      AddVisionTasks(c, batch, m, round_pool, recompute_outputs_only, &carry, &w.vision);
   for (size_t d = 0; d < batch.replicas.size(); ++d) {
     for (size_t m = 0; m < batch.replicas[d].size(); ++m) {
       const MicroBatch& mb = batch.replicas[d][m];

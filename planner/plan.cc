@@ -68,12 +68,23 @@ int ModalityWindow(const Config& c) {
   return c.schedule.modality_window > 0 ? c.schedule.modality_window : 2 * c.parallel.pp;
 }
 
+// Micro-batches the first stage holds between its text F and B of chunk 0 at most (1F1B:
+// pp; interleaved: more): encoder outputs cannot be freed sooner.
+int InFlight(const StageOrder& first_stage) {
+  int alive = 0, most = 0;
+  for (const Step& st : first_stage)
+    if (st.chunk == 0) most = std::max(most, alive += st.kind == OpKind::kF ? 1 : -1);
+  return most;
+}
+
 // The list scheduler's rules for a policy (list_schedule.h).
 // Nested: a forward runs at most `window` rounds ahead of its consumer, a backward is due
 // once the consumer's text backward is `window` micro-batches further, and each rank holds
-// at most a budget of encoder activations: `schedule.modality_budget_gib`, else 2 pp
-// rounds of the mean encoder bytes per GPU and round plus the largest task's (the same
-// for any micro-batch count, so the peak stays flat).
+// at most a budget of encoder activations: `schedule.modality_budget_gib`, else the mean
+// encoder bytes per GPU and round times (the first stage's micro-batches in flight + pp)
+// plus the largest task's: an output lives while its micro-batch is in flight, and up to
+// pp rounds more for the encoder's own forward and backward (for 1F1B, 2 pp rounds; the
+// same for any micro-batch count, so the peak stays flat).
 // Bubble-fill: every gap, whole-image forwards move to ranks in a gap. Optimus: forwards
 // only until a rank's first text backward, backwards only after its last text forward
 // (Optimus's encoder state of every micro-batch is kept).
@@ -87,7 +98,7 @@ ListRules RulesOf(const Config& c, ModalityPolicy policy, const ListInput& in) {
       double total = 0, largest = 0;
       for (double x : in.bytes) total += x, largest = std::max(largest, x);
       const double rounds = double(in.shape.m) * in.shape.dp * in.shape.pp;  // per GPU
-      r.memory_budget_bytes = 2 * in.shape.pp * total / rounds + largest;
+      r.memory_budget_bytes = (InFlight(in.orders[0]) + in.shape.pp) * total / rounds + largest;
     }
   }
   r.steal = policy == ModalityPolicy::kBubbleFill;
