@@ -183,7 +183,27 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
       if (!w.vision.empty()) {
         ListInput in = ListInputOf(c, shape, orders, tw, ranks, w);
         in.bounds = PieceBounds(c, in);
-        ASSIGN_OR_RETURN(ListResult placed, ScheduleModality(in, w, RulesOf(c, policy, in)));
+        ListRules rules = RulesOf(c, policy, in);
+        ASSIGN_OR_RETURN(ListResult placed, ScheduleModality(in, w, rules));
+        // Alternatives a policy's rules allow; the shortest predicted step is kept. Nested
+        // may also keep Optimus's phases under its windows and budget; bubble-fill may use
+        // every placement nested may (so it is never slower), with or without moving tasks.
+        std::vector<ListRules> also;
+        if (policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill) {
+          ListRules nested = RulesOf(c, ModalityPolicy::kNested, in);
+          also.push_back(nested);
+          nested.phases = true;
+          also.push_back(nested);
+        }
+        if (policy == ModalityPolicy::kBubbleFill) {
+          ListRules own = rules;
+          own.steal = false;
+          also.push_back(own);
+        }
+        for (const ListRules& r : also) {
+          ASSIGN_OR_RETURN(ListResult other, ScheduleModality(in, w, r));
+          if (other.makespan_s < placed.makespan_s) placed = std::move(other);
+        }
         vision = std::move(placed.vision);
         ids.piece_f.resize(w.vision.size()), ids.piece_b.resize(w.vision.size());
         for (size_t i = 0; i < w.vision.size(); ++i) {
@@ -245,8 +265,7 @@ StatusOr<Config> ConfigOfPlan(const Table& plan, const std::string& plan_path,
   return ParseConfig(std::move(doc));
 }
 
-// One plan of the config's policy (BuildPlan may compare two).
-static StatusOr<Table> BuildOnePlan(const Config& c) {
+StatusOr<Table> BuildPlan(const Config& c) {
   const ParallelConfig& p = c.parallel;
   PipelineShape shape{p.pp, p.vp, p.dp, c.training.microbatches};
   const PipelineKind pipeline = c.schedule.pipeline;
@@ -331,34 +350,6 @@ static StatusOr<Table> BuildOnePlan(const Config& c) {
                               : static_cast<double>(c.training.micro_batch_size) * shape.m * p.dp;
   meta.config_yaml = c.resolved_yaml;
   return b.Finish(std::move(meta));
-}
-
-namespace {
-// (out of memory, step seconds) of a plan as the simulator predicts it.
-std::pair<bool, double> Predicted(const Config& c, const Table& t) {
-  const SimOptions o = SimOptionsFor(c);
-  auto tl = Simulate(t, o.cost.Durations(t));
-  if (!tl.ok()) return {true, std::numeric_limits<double>::infinity()};
-  bool oom = false;
-  for (const RankMemory& m : ComputeMemory(t, *tl, o.memory, false)) oom = oom || m.oom;
-  return {oom, tl->Makespan()};
-}
-}  // namespace
-
-StatusOr<Table> BuildPlan(const Config& c) {
-  ASSIGN_OR_RETURN(Table plan, BuildOnePlan(c));
-  // Bubble-fill may use every placement nested may: it keeps nested's where that fits in
-  // memory when its own does not, or is faster.
-  if (c.schedule.modality == ModalityPolicy::kBubbleFill && c.model.vision.enabled) {
-    Config nested = c;
-    nested.schedule.modality = ModalityPolicy::kNested;
-    ASSIGN_OR_RETURN(Table other, BuildOnePlan(nested));
-    if (Predicted(c, other) < Predicted(c, plan)) {
-      other.mutable_meta().modality = plan.meta().modality;
-      return other;
-    }
-  }
-  return plan;
 }
 
 }  // namespace pipeplan
