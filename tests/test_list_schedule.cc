@@ -155,3 +155,80 @@ TEST_CASE("policies on the list scheduler validate, and bubble-fill is never slo
     CHECK(bubble <= nested);
   }
 }
+
+TEST_CASE("list scheduler: a forward in pieces runs them back to back, in layer order") {
+  // The 2 s forward of micro-batch 1 on r1 (as in the test above), in two 1 s pieces:
+  // both must end before r0's F1 needs them, so they run [0, 1] and [1, 2] and the step
+  // is 10 s, as for the whole task.
+  ListInput in = TwoStages();
+  in.vf_s = {2}, in.vb_s = {0}, in.out_s = {0};
+  in.bounds = {{0, 4, 8}};
+  auto r = ScheduleModality(in, OneTask(1, 1), ListRules{});
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  CHECK(r->makespan_s == doctest::Approx(10));
+  REQUIRE(r->vision[0].pieces.size() == 2);
+  CHECK(r->vision[0].pieces[0].f_at == doctest::Approx(0));
+  CHECK(r->vision[0].pieces[1].f_at == doctest::Approx(1));
+}
+
+TEST_CASE("list scheduler: a backward in pieces runs last layers first and hides") {
+  // Micro-batch 0's task on r1 with a free forward; its 2 s backward is released when
+  // r0's B0 ends at 6 s, and r1 is idle from the end of its B1 (7 s) to the end of the
+  // step (9 s): in 1 s pieces it runs [7, 8] then [8, 9], last layers first, and hides.
+  ListInput in = TwoStages();
+  in.vf_s = {0}, in.vb_s = {2}, in.out_s = {0};
+  in.bounds = {{0, 1, 2}};
+  auto r = ScheduleModality(in, OneTask(0, 1), ListRules{});
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  CHECK(r->makespan_s == doctest::Approx(9));
+  REQUIRE(r->vision[0].pieces.size() == 2);
+  CHECK(r->vision[0].pieces[1].b_at < r->vision[0].pieces[0].b_at);
+  CHECK(r->vision[0].pieces[0].b_at + 1 == doctest::Approx(9));
+}
+
+TEST_CASE("list scheduler: optimus's phases keep forwards before the first text backward") {
+  // With phases, r1's warm-up gap [0, 1] takes micro-batch 1's forward, but micro-batch
+  // 0's backward (released at 6 s) may not fill a gap before r1's last text forward (F1,
+  // at [4, 5] when nothing moves): it runs after it.
+  ListInput in = TwoStages();
+  in.vf_s = {0.5}, in.vb_s = {0.5}, in.out_s = {0};
+  ListRules rules;
+  rules.phases = true;
+  auto r = ScheduleModality(in, OneTask(1, 1), rules);
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  CHECK(r->vision[0].f_at == doctest::Approx(0));
+  CHECK(r->vision[0].b_at >= 5);
+}
+
+TEST_CASE("nested: a budget bounds the encoder activations a rank holds") {
+  // On the small multimodal config (16 micro-batches), each rank's vision activation peak
+  // stays within its budget plus one forward piece (a forward whose deadline has come may
+  // exceed the budget by its own bytes) as long as the budget is above what the pipeline
+  // needs anyway (about 4.35 GiB here: the outputs of the micro-batches in flight); a
+  // tighter budget holds less and is no faster.
+  struct Run {
+    double step, peak, piece;
+  };
+  auto run = [](const std::string& budget) {
+    Config c = MultimodalConfig(
+        "nested", {"training.microbatches=16", "schedule.modality_budget_gib=" + budget});
+    Table t = Plan(c);
+    Status valid = ValidatePlan(t);
+    CHECK_MESSAGE(valid.ok(), valid.message());
+    auto r = RunSimulation(t, SimOptionsFor(c));
+    REQUIRE_MESSAGE(r.ok(), r.status().message());
+    Run out{r->metrics.step_time_s, 0, 0};
+    for (const RankMetrics& m : r->metrics.ranks)
+      out.peak = std::max(out.peak, m.peak_by_module[1]);
+    for (OpId i = 0; i < t.size(); ++i)
+      if (t.module(i) == Module::kVision && t.kind(i) == OpKind::kF)
+        out.piece = std::max(out.piece, t.work(i).mem_delta_bytes);
+    return out;
+  };
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  const Run loose = run("1000"), eight = run("8"), five = run("5");
+  CHECK(eight.peak <= 8 * kGiB + eight.piece);
+  CHECK(five.peak <= 5 * kGiB + five.piece);
+  CHECK(five.peak < loose.peak);
+  CHECK(five.step >= loose.step);
+}

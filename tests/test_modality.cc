@@ -117,6 +117,36 @@ TEST_CASE("broken: a vision backward before its gradient exists") {
         "r1 vision.RECV_B m0 t0 <-r0: sent before the gradient from r0 B c0 m0 produced it");
 }
 
+// The same with the encoder task in two layer-group pieces on r1.
+std::vector<std::vector<std::string>> PiecesOnOtherRank() {
+  auto ops = VisionOnOtherRank();
+  ops[1] = {"r1 vision.F m0 t0 p0",
+            "r1 vision.F m0 t0 p1",
+            "r1 vision.SEND_F m0 t0 ->r0",
+            "r1 RECV_F c0 m0 <-r0",
+            "r1 F c0 m0",
+            "r1 B c0 m0",
+            "r1 SEND_B c0 m0 ->r0",
+            "r1 vision.RECV_B m0 t0 <-r0",
+            "r1 vision.B m0 t0 p1",
+            "r1 vision.B m0 t0 p0"};
+  return ops;
+}
+
+TEST_CASE("pieces: in layer order forward and reverse order backward, else a located error") {
+  CHECK(ValidatePlan(TableFromOps(PiecesOnOtherRank(), 2, 1, 1)).ok());
+  auto f = PiecesOnOtherRank();
+  std::swap(f[1][0], f[1][1]);
+  CHECK(Why(f) == "r1 vision.F m0 t0 p0: runs after r1 vision.F m0 t0 p1");
+  auto b = PiecesOnOtherRank();
+  std::swap(b[1][8], b[1][9]);
+  CHECK(Why(b) == "r1 vision.B m0 t0 p0: runs before r1 vision.B m0 t0 p1");
+  auto g = PiecesOnOtherRank();
+  g[1].erase(g[1].begin());                         // piece 0's forward moves
+  g[1].insert(g[1].end(), "r1 vision.F m0 t0 p0");  // after its backward
+  CHECK(Why(g) == "r1 vision.B m0 t0 p0: runs before its forward piece");
+}
+
 TEST_CASE("broken: a vision backward before its forward") {
   auto ops = VisionOnOtherRank();
   ops[1] = {"r1 vision.RECV_B m0 t0 <-r0",
@@ -258,4 +288,48 @@ TEST_CASE("manifest: samples are read, bad lines name the file and line") {
   CHECK(MakeStepBatch(c).status().message() ==
         "huge: 8000 text + 5403 visual tokens do not fit in a micro-batch of 8192 tokens "
         "(seq_length x micro_batch_size)");
+}
+
+TEST_CASE("pieces: each takes its share of the task's layers, FLOPs and activations") {
+  // A task over 12 layers cut at {0, 3, 12}: the first piece has 3/12 of the work and
+  // activations, the second 9/12 plus the output, which only the last piece holds.
+  VisionTask t;
+  t.f.flops = 1200, t.f.attn_flops = 120, t.f.hbm_bytes = 12, t.f.kernels = 144;
+  t.f.layer_begin = 0, t.f.layer_end = 12;
+  t.b = t.f;
+  t.b.flops = 3600;
+  t.act_bytes = 1200, t.out_bytes = 7;
+  auto p = SplitTask(t, {0, 3, 12});
+  REQUIRE(p.size() == 2);
+  CHECK(p[0].f.flops == doctest::Approx(300));
+  CHECK(p[0].f.attn_flops == doctest::Approx(30));
+  CHECK(p[0].b.flops == doctest::Approx(900));
+  CHECK(p[0].f.kernels == 36);
+  CHECK(p[0].f.layer_begin == 0);
+  CHECK(p[0].f.layer_end == 3);
+  CHECK(p[1].f.layer_begin == 3);
+  CHECK(p[0].f.mem_delta_bytes == doctest::Approx(300));
+  CHECK(p[1].f.mem_delta_bytes == doctest::Approx(900 + 7));
+  CHECK(p[1].b.mem_delta_bytes == doctest::Approx(-(900 + 7)));
+}
+
+TEST_CASE("dynamic CP: a latency budget keeps an image whole; ring gather-KV hides") {
+  Config c = Multimodal("nested", 8,
+                        {"model.vision.cp_threshold_patches=16384", "model.vision.cp_max_group=8"});
+  const int64_t big = Patches({3584, 3584, 1}, 14);
+  CpPlan split = PlanVisionCp(c, {big, 256, 256, 256}, 8);
+  CpPlan whole = PlanVisionCp(c, {big, 256, 256, 256}, 8, {}, 1e9);
+  CHECK(split.items[0].k > 1);
+  CHECK(whole.items[0].k == 1);
+  CHECK(whole.items[0].gather_bytes_per_gpu == 0);
+  // 65,536 patches over k = 2 on NVLink: a hop moves 32,768 x 2 x 1024 x 2 B = 134 MB
+  // (about 0.37 ms at 360 GB/s); the block it overlaps is 4 x 32768^2 x 1024 FLOPs = 4.4
+  // TFLOP (about 8.9 ms at 989 TFLOP/s x 0.5): the gather is hidden.
+  CpPlan two = PlanVisionCp(c, {big}, 2);
+  REQUIRE(two.items[0].k == 2);
+  CHECK(two.items[0].gather_bytes_per_gpu > 0);
+  CHECK(two.items[0].exposed_gather_bytes_per_gpu == 0);
+  // Attention FLOPs per GPU: 12 layers x 4 x (P / 2) x P x 1024.
+  const double P = static_cast<double>(big);
+  CHECK(two.items[0].attn_flops_per_gpu == doctest::Approx(12 * 4 * (P / 2) * P * 1024));
 }
