@@ -6,6 +6,7 @@
 #include <limits>
 #include <queue>
 #include <set>
+#include <tuple>
 
 namespace pipeplan {
 namespace {
@@ -70,6 +71,7 @@ class Pass {
     if (parked_[r]) parked_[r] = 0, Push(r);
   }
   bool Decide(int r);
+  void Park(int r);
   bool FollowDue(int r, bool now);
   void RunText(int r, double start);
   // Place the task's next piece at `start`; return its seconds.
@@ -159,6 +161,11 @@ class Pass {
   std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>>
       heap_;
   double makespan_ = 0;
+  // Parked ranks holding work: (earliest forward deadline or +inf, free time, rank).
+  std::priority_queue<std::tuple<double, double, int>, std::vector<std::tuple<double, double, int>>,
+                      std::greater<>>
+      fallback_;
+  int follows_ = 0;                    // gangs initiated and not yet posted by a follower
   std::vector<int> first_b_, last_f_;  // per stage: text positions
   std::vector<double> alive_;          // per rank: encoder activation bytes held
 };
@@ -270,6 +277,7 @@ void Pass::RunText(int r, double start) {
       Job& job = jobs_[task];
       job.release = free_[r] + in_.out_s[task];
       released_[job.rank].push({job.release, task});
+      if (parked_[job.rank]) fallback_.push({kInf, free_[job.rank], job.rank});
       if (pos_[job.rank] >= static_cast<int>(in_.orders[Stage(job.rank)].size())) Wake(job.rank);
     }
   }
@@ -327,6 +335,7 @@ bool Pass::TryGang(int r, int g) {
     const int q = jobs_[task].rank;
     if (q == r) continue;
     follow_[q].push_back({g, pos_[r]});
+    ++follows_;
     Wake(q);
   }
   Post(r, g);
@@ -369,6 +378,7 @@ bool Pass::FollowDue(int r, bool now) {
   if (!now && it->second > pos_[r]) return false;
   const int g = it->first;
   follow_[r].erase(it);
+  --follows_;
   Post(r, g);
   return true;
 }
@@ -403,7 +413,7 @@ bool Pass::Decide(int r) {
   // The rank would wait for its text: gangs it follows start now.
   if (FollowDue(r, true)) return true;
   if (text_left && ready == kUnknown) {
-    parked_[r] = 1;  // woken when the op it waits for is placed
+    Park(r);  // woken when the op it waits for is placed
     return false;
   }
   // A gap before the next text op (or the text is done): fill it.
@@ -423,10 +433,20 @@ bool Pass::Decide(int r) {
       Push(r);
       return true;
     }
-    return try_run(next.second, true) || (parked_[r] = 1, false);
+    return try_run(next.second, true) || (Park(r), false);
   }
-  parked_[r] = 1;
+  Park(r);
   return false;
+}
+
+// Parks r; remembers it for the fallback if it holds work it could run.
+void Pass::Park(int r) {
+  parked_[r] = 1;
+  const int f = PickForward(r, free_[r], kInf, true);
+  if (f != kNone)
+    fallback_.push({Deadline(f), free_[r], r});
+  else if (PickBackward(r, kInf, kInf) != kNone)
+    fallback_.push({kInf, free_[r], r});
 }
 
 Status Pass::Run() {
@@ -519,7 +539,7 @@ Status Pass::Run() {
     }
     // Everyone waits: gangs are posted by their followers first.
     bool posted = false;
-    for (int r = 0; r < R && !posted; ++r)
+    for (int r = 0; r < R && follows_ > 0 && !posted; ++r)
       if (posted_[r] == kNone && !follow_[r].empty()) {
         parked_[r] = 0;
         posted = FollowDue(r, true);
@@ -529,17 +549,20 @@ Status Pass::Run() {
     // deadline runs (a consumer waits for it), windows ignored; else a released backward.
     int best = kNone, task = kNone;
     bool backward = false;
-    for (int r = 0; r < R; ++r) {
-      if (!parked_[r] || posted_[r] != kNone) continue;
+    while (!fallback_.empty() && best == kNone) {
+      auto [key, free, r] = fallback_.top();
+      fallback_.pop();
+      if (!parked_[r] || posted_[r] != kNone || free != free_[r]) continue;
       const int f = PickForward(r, free_[r], kInf, true);
-      if (f != kNone && (task == kNone || backward || Deadline(f) < Deadline(task) ||
-                         (Deadline(f) == Deadline(task) && free_[r] < free_[best]))) {
-        best = r, task = f, backward = false;
+      if (f != kNone && Deadline(f) > key) {  // stale: its earliest forward has changed
+        fallback_.push({Deadline(f), free, r});
         continue;
       }
-      const int b = task == kNone || backward ? PickBackward(r, kInf, kInf) : kNone;
-      if (b != kNone && (task == kNone || free_[r] < free_[best]))
+      if (f != kNone) {
+        best = r, task = f;
+      } else if (const int b = PickBackward(r, kInf, kInf); b != kNone) {
         best = r, task = b, backward = true;
+      }
     }
     if (best == kNone) {
       for (int r = 0; r < R; ++r)
