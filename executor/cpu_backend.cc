@@ -69,6 +69,7 @@ Status CpuBackend::Compute(OpId op) {
   if (mod == Module::kVision && (k == OpKind::kF || k == OpKind::kRecompute))
     return VisionForward(op, k == OpKind::kRecompute);
   if (mod == Module::kVision && k == OpKind::kB) return VisionBackward(op);
+  if (mod == Module::kGenerator && t_.chunk(op) >= 0) return GeneratorShard(op);
   if (mod == Module::kGenerator && k == OpKind::kF) {
     if (!out_.count({stages_ - 1, t_.mb(op)}))
       return Internal("the last stage's output is missing");
@@ -214,8 +215,58 @@ StatusOr<Tensor> CpuBackend::VisionOutputGradient(OpId op) {
   return dv;
 }
 
+// A shard of a generator split over k ranks (its gang): each computes the head on the last
+// stage's hidden states with weight 1/k, so the shards' losses, weight gradients and input
+// gradients add up to the whole generator's; the last stage sums the input gradients.
+Status CpuBackend::GeneratorShard(OpId op) {
+  const int mb = t_.mb(op);
+  const bool last = stage_ == pp_ - 1;
+  const StageKey out{stages_ - 1, mb};
+  const Tensor* x = nullptr;
+  if (last) {
+    auto it = out_.find(out);
+    x = it == out_.end() ? nullptr : &it->second;
+  } else {
+    auto it = gen_in_.find(mb);
+    x = it == gen_in_.end() ? nullptr : &it->second;
+  }
+  if (x == nullptr) return Internal("the last stage's output has not arrived");
+  if (t_.kind(op) == OpKind::kF) return Status::Ok();
+  const double k = static_cast<double>(t_.group(t_.peer(op)).size());
+  ParamSet g = m_->ZeroGrads();
+  Tensor dx;
+  loss_ += m_->Head(*x, m_->Target(replica_, mb), &dx, &g) / k;
+  for (Module mod : {Module::kText, Module::kVision, Module::kGenerator}) {
+    Tensor& mine = grads_.of(mod);
+    const Tensor& part = g.of(mod);
+    for (size_t i = 0; i < part.size(); ++i) mine[i] += part[i] / k;
+  }
+  for (double& v : dx) v /= k;
+  if (last) {
+    Tensor& sum = dout_[out];
+    sum.resize(dx.size(), 0.0);
+    for (size_t i = 0; i < dx.size(); ++i) sum[i] += dx[i];
+  } else {
+    gen_in_.erase(mb);
+    gen_dx_[mb] = std::move(dx);
+  }
+  return Status::Ok();
+}
+
 StatusOr<Tensor> CpuBackend::Outgoing(OpId op) {
   const int g = t_.chunk(op) * pp_ + stage_, mb = t_.mb(op);
+  if (t_.module(op) == Module::kGenerator) {
+    if (t_.kind(op) == OpKind::kSendF) {
+      auto it = out_.find({stages_ - 1, mb});
+      if (it == out_.end()) return Internal("the output it sends does not exist yet");
+      return it->second;
+    }
+    auto it = gen_dx_.find(mb);
+    if (it == gen_dx_.end()) return Internal("the gradient it sends does not exist yet");
+    Tensor dx = std::move(it->second);
+    gen_dx_.erase(it);
+    return dx;
+  }
   if (t_.module(op) == Module::kVision) {
     if (t_.kind(op) == OpKind::kSendB) {
       auto it = dx0_.find(mb);
@@ -238,6 +289,16 @@ StatusOr<Tensor> CpuBackend::Outgoing(OpId op) {
 
 Status CpuBackend::Incoming(OpId op, Tensor data) {
   const int g = t_.chunk(op) * pp_ + stage_, mb = t_.mb(op);
+  if (t_.module(op) == Module::kGenerator) {
+    if (t_.kind(op) == OpKind::kRecvF) {
+      gen_in_[mb] = std::move(data);
+    } else {
+      Tensor& sum = dout_[{stages_ - 1, mb}];
+      sum.resize(data.size(), 0.0);
+      for (size_t i = 0; i < data.size(); ++i) sum[i] += data[i];
+    }
+    return Status::Ok();
+  }
   if (t_.module(op) == Module::kVision) {
     if (t_.kind(op) == OpKind::kRecvF)
       vision_in_[mb].push_back(std::move(data));

@@ -32,6 +32,7 @@ class CpuBackend : public Backend {
   Status VisionForward(OpId op, bool recompute);
   Status VisionBackward(OpId op);
   StatusOr<Tensor> VisionOutputGradient(OpId op);  // from the consumer (or this rank)
+  Status GeneratorShard(OpId op);
   Tensor* Slice(OpId collective, size_t* offset, size_t* length);
 
   const Table& t_;
@@ -47,7 +48,8 @@ class CpuBackend : public Backend {
   std::map<TaskKey, Tensor> vision_out_, vision_grad_;
   std::map<TaskKey, std::vector<Tensor>> vision_saved_;  // inputs of the layers run so far
   std::map<TaskKey, Tensor> vision_act_, vision_dx_;     // between pieces: activation, gradient
-  std::map<TaskKey, bool> vision_remote_;                // output goes to another rank
+  std::map<int, Tensor> gen_in_, gen_dx_;  // split generator: micro-batch -> input, its gradient
+  std::map<TaskKey, bool> vision_remote_;  // output goes to another rank
 };
 
 struct Reference {

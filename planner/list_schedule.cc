@@ -39,6 +39,7 @@ class Pass {
   // Start of each consumer's text F(0, mb), per (d * m + mb).
   std::vector<double> ConsumerStarts() const;
   std::vector<VisionPlacement> Placements() const;
+  std::vector<std::vector<GeneratorPlacement>> GeneratorPlacements() const;
 
  private:
   // A task runs as pieces (layer groups): forwards first to last, backwards last to first.
@@ -50,12 +51,16 @@ class Pass {
     int gang = kNone;
   };
   struct Gang {
-    std::vector<int> tasks;
+    std::vector<int> tasks;  // vision shards (empty for a generator gang)
     int posted = 0;
     double ready = 0;
     int number = 0;  // initiation order (followers post in this order)
     bool backward = false;
+    int generator = kNone;   // (d * m + mb) of a generator gang: F and B of every shard
+    std::vector<int> ranks;  // its ranks (generator gangs)
   };
+  bool Sharded() const { return !in_.gen_shard_s.empty(); }
+  void ReleaseGenerator(int r, int mb);
   bool vision() const { return !deadline_.empty(); }
   int Stage(int r) const { return r % s_.pp; }
   int Replica(int r) const { return r / s_.pp; }
@@ -161,6 +166,11 @@ class Pass {
   std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>>
       heap_;
   double makespan_ = 0;
+  // Sharded generator, per (d * m + mb): its gang, start and end, and (rank, text position)
+  // of each shard.
+  std::vector<int> gen_gang_;
+  std::vector<double> gen_start_, gen_end_;
+  std::vector<std::vector<std::pair<int, int>>> gen_slots_;
   // Parked ranks holding work: (earliest forward deadline or +inf, free time, rank).
   std::priority_queue<std::tuple<double, double, int>, std::vector<std::tuple<double, double, int>>,
                       std::greater<>>
@@ -209,6 +219,12 @@ double Pass::ReadyTime(int r) const {
     const double e = end_[q][p];
     if (e == kUnknown) return kUnknown;
     ready = e + Transfer(q, r);
+    const size_t k = static_cast<size_t>(d) * s_.m + st.mb;
+    if (g == S - 1 && Sharded() && gen_gang_[k] != kNone) {  // the generator's gradient
+      const double gen = gen_end_[k];
+      if (gen == kUnknown) return kUnknown;
+      ready = std::max(ready, gen + in_.gen_in_s[r]);
+    }
   }
   return ready;
 }
@@ -269,6 +285,7 @@ void Pass::RunText(int r, double start) {
   const int g = st.chunk * s_.pp + s, S = s_.stages();
   if (st.kind == OpKind::kF && g < S - 1) Wake(RankOf(d, g + 1));
   if (st.kind == OpKind::kB && g > 0) Wake(RankOf(d, g - 1));
+  if (st.kind == OpKind::kF && g == S - 1 && Sharded()) ReleaseGenerator(r, st.mb);
   if (vision() && g == 0 && st.kind == OpKind::kB) {
     // Gradients of micro-batch st.mb's visual tokens go back to the tasks' ranks.
     const size_t k = static_cast<size_t>(d) * s_.m + st.mb;
@@ -342,10 +359,41 @@ bool Pass::TryGang(int r, int g) {
   return true;
 }
 
+// The last stage's text forward of `mb` ended: the generator gang of (its replica, mb)
+// starts once every rank of the replica has posted it (its input sent to each).
+void Pass::ReleaseGenerator(int r, int mb) {
+  const int d = Replica(r);
+  const size_t k = static_cast<size_t>(d) * s_.m + mb;
+  const int g = gen_gang_[k];
+  if (g == kNone) return;  // no generation target in this micro-batch
+  Gang& gang = gangs_[g];
+  gang.number = gangs_initiated_++;
+  gang.ready = free_[r];
+  for (int q : gang.ranks) {
+    gang.ready = std::max(gang.ready, free_[r] + in_.gen_in_s[q]);
+    follow_[q].push_back({g, -1});
+    ++follows_;
+    Wake(q);
+  }
+}
+
 void Pass::Post(int r, int g) {
   Gang& gang = gangs_[g];
   posted_[r] = g;
   gang.ready = std::max(gang.ready, free_[r]);
+  if (gang.generator != kNone) {
+    gen_slots_[gang.generator].push_back({r, pos_[r]});
+    if (++gang.posted < static_cast<int>(gang.ranks.size())) return;
+    const double start = gang.ready, end = start + in_.gen_shard_s[gang.generator];
+    gen_start_[gang.generator] = start;
+    gen_end_[gang.generator] = end;
+    for (int q : gang.ranks) {
+      posted_[q] = kNone;
+      free_[q] = end;
+      Push(q);
+    }
+    return;
+  }
   if (gang.backward)
     for (int task : gang.tasks)
       if (jobs_[task].rank == r) gang.ready = std::max(gang.ready, jobs_[task].release);
@@ -515,6 +563,19 @@ Status Pass::Run() {
     gangs_.push_back(std::move(b));
     i = j;
   }
+  if (Sharded()) {
+    gen_gang_.assign(DM, kNone), gen_start_.assign(DM, kUnknown), gen_end_.assign(DM, kUnknown);
+    gen_slots_.assign(DM, {});
+    for (size_t k = 0; k < DM; ++k) {
+      if (in_.gen_shard_s[k] < 0) continue;
+      Gang gang;
+      gang.generator = static_cast<int>(k);
+      for (int st = 0; st < s_.pp; ++st)
+        gang.ranks.push_back(s_.rank(static_cast<int>(k) / s_.m, st));
+      gen_gang_[k] = static_cast<int>(gangs_.size());
+      gangs_.push_back(std::move(gang));
+    }
+  }
   for (int r = 0; r < R; ++r)
     std::stable_sort(forwards_[r].begin(), forwards_[r].end(),
                      [&](int a, int b) { return Deadline(a) < Deadline(b); });
@@ -581,6 +642,9 @@ Status Pass::Run() {
     free_[best] = t + (backward ? RunBackward(task, t) : RunForward(task, best, t));
     Push(best);
   }
+  for (size_t k = 0; k < gen_end_.size(); ++k)
+    if (gen_gang_[k] != kNone && gen_end_[k] == kUnknown)
+      return Internal(fmt::format("the generator of micro-batch {} was not placed", k));
   for (size_t i = 0; i < T; ++i)
     if (!BackwardDone(static_cast<int>(i)))
       return Internal(fmt::format("vision task {} was not placed", i));
@@ -617,6 +681,22 @@ std::vector<VisionPlacement> Pass::Placements() const {
   return out;
 }
 
+std::vector<std::vector<GeneratorPlacement>> Pass::GeneratorPlacements() const {
+  std::vector<std::vector<GeneratorPlacement>> out(gen_slots_.size());
+  for (size_t k = 0; k < gen_slots_.size(); ++k)
+    for (auto [r, pos] : gen_slots_[k]) {
+      const auto& order = in_.orders[Stage(r)];
+      GeneratorPlacement p;
+      p.rank = r, p.shard = Stage(r), p.at = gen_start_[k];
+      p.f = pos >= static_cast<int>(order.size())
+                ? Anchor{OpKind::kF, 0, -1, false}
+                : Anchor{order[pos].kind, order[pos].chunk, order[pos].mb, false};
+      p.b = p.f;
+      out[k].push_back(p);
+    }
+  return out;
+}
+
 }  // namespace
 
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
@@ -635,6 +715,7 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
     if (p.makespan() >= res.makespan_s) break;
     res.makespan_s = p.makespan();
     res.vision = p.Placements();
+    res.generator = p.GeneratorPlacements();
     deadline = p.ConsumerStarts();
   }
   return res;

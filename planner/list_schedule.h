@@ -59,10 +59,15 @@ struct ListInput {
   std::vector<double> f_s, b_s;        // per global stage: text F and B
   std::vector<double> after_last_f_s;  // per (d * m + mb): work right after F of the last
                                        // stage (the generator's F and B), else empty
-  std::vector<double> next_p2p_s;      // per rank r: a text transfer between r and r + 1
-  std::vector<double> vf_s, vb_s;      // per vision task: forward, backward (with recompute)
-  std::vector<double> out_s;           // per vision task: transfer to (and from) its consumer
-  std::vector<double> bytes;           // per vision task: activation + output bytes per GPU
+  // A generator split over every rank of its replica (a gang after the last stage's text
+  // F, before its B): per (d * m + mb) one shard's F and B seconds (< 0: no generation in
+  // that micro-batch); per rank the transfer between it and its replica's last stage
+  // (input there, gradient back). Empty = none.
+  std::vector<double> gen_shard_s, gen_in_s;
+  std::vector<double> next_p2p_s;  // per rank r: a text transfer between r and r + 1
+  std::vector<double> vf_s, vb_s;  // per vision task: forward, backward (with recompute)
+  std::vector<double> out_s;       // per vision task: transfer to (and from) its consumer
+  std::vector<double> bytes;       // per vision task: activation + output bytes per GPU
   // Per vision task: layer bounds of its pieces {0, l1, ..., layers}; empty = whole tasks.
   // Piece k takes the share (l[k+1] - l[k]) / layers of the task's forward and backward.
   std::vector<std::vector<int>> bounds;
@@ -70,9 +75,12 @@ struct ListInput {
 
 struct ListResult {
   std::vector<VisionPlacement> vision;  // rank, anchors and order within an anchor
-  double makespan_s = 0;                // predicted end of the last text or vision op
-  double text_makespan_s = 0;           // the same without vision work (pass 0)
-  int passes = 0;                       // passes run
+  // Sharded generator per (d * m + mb): one placement per shard (rank, anchor for its F and
+  // B, planned start).
+  std::vector<std::vector<GeneratorPlacement>> generator;
+  double makespan_s = 0;       // predicted end of the last text or vision op
+  double text_makespan_s = 0;  // the same without vision work (pass 0)
+  int passes = 0;              // passes run
 };
 
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,

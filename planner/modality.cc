@@ -415,6 +415,7 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
         t.b.tp_bytes = t.f.tp_bytes, t.b.tp_calls = t.f.tp_calls, t.b.kernels = 2 * t.f.kernels;
         t.b.mem_delta_bytes = -act;
         t.seconds = cost.ComputeSeconds(t.f, gpus, gpus, 1, c.cluster.gpus_per_node);
+        t.tokens = tokens;
         w.generator.push_back(t);
       }
     }
@@ -445,6 +446,28 @@ std::vector<PieceWork> SplitTask(const VisionTask& t, const std::vector<int>& bo
     out.push_back(p);
   }
   return out;
+}
+
+PieceWork GeneratorShard(const Config& c, const GeneratorTask& t, int k, bool across_nodes) {
+  const GeneratorConfig& g = c.model.generator;
+  const GpuSpec& s = c.cluster.spec;
+  PieceWork p{t.f, t.b};
+  for (Work* w : {&p.f, &p.b}) {
+    w->flops /= k, w->attn_flops /= k, w->model_flops /= k, w->hbm_bytes /= k;
+    w->mem_delta_bytes /= k;
+  }
+  if (k > 1) {
+    const double q = t.tokens / k;
+    const double bw =
+        across_nodes ? s.nic_bw * s.nic_efficiency : s.nvlink_bw * s.nvlink_efficiency;
+    const double hop = q * 2 * g.hidden * kBf16;
+    const double block_s = 4 * q * q * g.hidden / (s.bf16_flops * s.attention_efficiency);
+    const double exposed = g.layers * (k - 1) * std::max(0.0, hop - block_s * bw);
+    // Forward: one ring per layer; backward: K/V again and their gradients back.
+    p.f.tp_bytes += exposed, p.b.tp_bytes += 2 * exposed;
+    if (exposed > 0) p.f.tp_calls += g.layers, p.b.tp_calls += 2 * g.layers;
+  }
+  return p;
 }
 
 }  // namespace pipeplan

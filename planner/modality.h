@@ -60,11 +60,23 @@ struct VisionTask {
   double seconds = 0;           // predicted forward time (for placement)
 };
 
+// Forward and backward work of one part of a task.
+struct PieceWork {
+  Work f, b;
+};
+
 struct GeneratorTask {
   int d = 0, mb = 0;
   Work f, b;
   double seconds = 0;
+  double tokens = 0;  // latent + condition tokens of the micro-batch
 };
+
+// The generator of one micro-batch split over k ranks along its tokens (each rank T/k
+// queries; K and V passed around the k ranks as in ring attention, each hop overlapping
+// the attention of the block already held; `across_nodes`: the ranks are on different
+// nodes). Returns one shard's forward and backward work.
+PieceWork GeneratorShard(const Config& c, const GeneratorTask& t, int k, bool across_nodes);
 
 struct ModalityWork {
   std::vector<VisionTask> vision;        // in (replica, micro-batch) order
@@ -77,9 +89,6 @@ struct ModalityWork {
 // backward work, each the share of the task's layers it covers (FLOPs, bytes, collective
 // calls, kernels) with its own layer range. A piece's forward keeps its layers'
 // activations until its backward; the last piece's forward also holds the output.
-struct PieceWork {
-  Work f, b;
-};
 std::vector<PieceWork> SplitTask(const VisionTask& t, const std::vector<int>& bounds);
 
 // Where vision work may run: only on the consumer (inline), or on any GPU of the job.

@@ -12,8 +12,9 @@
 namespace pipeplan {
 namespace {
 
-constexpr uint32_t kModalityTagBase = 0x80000000u;  // SEND/RECV of modality tasks
-constexpr uint32_t kGangTagBase = 0xC0000000u;      // gang ops: 4 per piece (F, B, RECOMPUTE)
+constexpr uint32_t kModalityTagBase = 0x80000000u;   // SEND/RECV of modality tasks
+constexpr uint32_t kGeneratorTagBase = 0xA0000000u;  // split generator: gangs, then p2p
+constexpr uint32_t kGangTagBase = 0xC0000000u;       // gang ops: 4 per piece (F, B, RECOMPUTE)
 
 int FirstStage(const PipelineShape& s, int d) {
   return s.rank(d, 0);
@@ -63,7 +64,9 @@ std::vector<GeneratorPlacement> PlaceGenerator(const PipelineShape& s, const Mod
 
 Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const ModalityWork& w,
                       const ModalityWorkIds& ids, const std::vector<VisionPlacement>& vision,
-                      const std::vector<GeneratorPlacement>& generator, TableBuilder* builder) {
+                      const std::vector<GeneratorPlacement>& generator,
+                      const std::vector<std::vector<GeneratorPlacement>>& shards,
+                      TableBuilder* builder) {
   // One group per gang: the ranks of its shards, in shard order.
   std::map<std::tuple<int, int, int>, std::pair<int32_t, uint32_t>>
       gang;  // (d, mb, task) -> group, tag
@@ -159,12 +162,47 @@ Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const 
       add(p.rank, at(p.rank, pieces[q].b), 1, pieces[q].b_at, piece_key(OpKind::kB, q),
           n > 1 ? ids.piece_b[i][q] : ids.vision_b[i], piece_tag(q, 1));
   }
+  std::vector<int32_t> replica_group(s.dp, -1);
   for (size_t i = 0; i < w.generator.size(); ++i) {
-    const GeneratorPlacement& p = generator[i];
-    OpKey k{0, OpKind::kF, Module::kGenerator, -1, w.generator[i].mb, -1, -1};
-    add(p.rank, at(p.rank, p.f), 1, -1, k, ids.generator_f[i]);
-    k.kind = OpKind::kB;
-    add(p.rank, at(p.rank, p.b), 1, -1, k, ids.generator_b[i]);
+    const GeneratorTask& t = w.generator[i];
+    OpKey k{0, OpKind::kF, Module::kGenerator, -1, t.mb, -1, -1};
+    if (shards.empty()) {
+      const GeneratorPlacement& p = generator[i];
+      add(p.rank, at(p.rank, p.f), 1, -1, k, ids.generator_f[i]);
+      k.kind = OpKind::kB;
+      add(p.rank, at(p.rank, p.b), 1, -1, k, ids.generator_b[i]);
+      continue;
+    }
+    // Split over the replica's ranks: a gang (F then B) per shard; shard = the rank's stage.
+    if (replica_group[t.d] < 0) {
+      std::vector<int32_t> members;
+      for (int st = 0; st < s.pp; ++st) members.push_back(s.rank(t.d, st));
+      replica_group[t.d] = builder->AddGroup(std::move(members));
+    }
+    const int last = LastStage(s, t.d), vlast = s.vp - 1;
+    const uint32_t gang_tag = kGeneratorTagBase + static_cast<uint32_t>(i) * 4;
+    for (const GeneratorPlacement& p : shards[static_cast<size_t>(t.d) * s.m + t.mb]) {
+      const uint32_t tag = kGeneratorTagBase + 0x08000000u +
+                           (static_cast<uint32_t>(i) * s.pp + static_cast<uint32_t>(p.shard)) * 2;
+      const size_t where = at(p.rank, p.f);
+      OpKey g{0, OpKind::kRecvF, Module::kGenerator, p.shard, t.mb, -1, last};
+      if (p.rank != last) {
+        g.kind = OpKind::kSendF, g.peer = p.rank;
+        add(last, at(last, After(OpKind::kF, vlast, t.mb)), 0, 0, g, ids.generator_io, tag);
+        g.kind = OpKind::kRecvF, g.peer = last;
+        add(p.rank, where, 1, p.at, g, ids.generator_io, tag);
+      }
+      g.kind = OpKind::kF, g.peer = replica_group[t.d];
+      add(p.rank, where, 1, p.at, g, ids.generator_f[i], gang_tag);
+      g.kind = OpKind::kB;
+      add(p.rank, where, 1, p.at, g, ids.generator_b[i], gang_tag + 1);
+      if (p.rank != last) {
+        g.kind = OpKind::kSendB, g.peer = last;
+        add(p.rank, where, 1, p.at, g, ids.generator_io, tag + 1);
+        g.kind = OpKind::kRecvB, g.peer = p.rank;
+        add(last, at(last, Before(OpKind::kB, vlast, t.mb)), 2, 0, g, ids.generator_io, tag + 1);
+      }
+    }
   }
   if (!error.ok()) return error;
   for (size_t r = 0; r < seqs->size(); ++r) {

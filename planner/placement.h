@@ -43,6 +43,8 @@ struct VisionPlacement {
 struct GeneratorPlacement {
   int rank = 0;
   Anchor f, b;
+  int shard = -1;  // shard of a generator split over its replica's ranks (-1: whole)
+  double at = -1;  // planned start, s (orders it among the ops at its anchor)
 };
 
 // Most layer-group pieces of one task (gang tags leave room for this many).
@@ -50,7 +52,8 @@ inline constexpr int kMaxPieces = 64;
 
 struct ModalityWorkIds {
   std::vector<WorkId> vision_f, vision_b, vision_recompute, vision_out;  // per vision task
-  std::vector<WorkId> generator_f, generator_b;                          // per generator task
+  std::vector<WorkId> generator_f, generator_b;  // per generator task (a shard's if split)
+  WorkId generator_io = 0;                       // a split generator's input (or gradient) transfer
   // Per vision task placed in pieces: each piece's forward and backward work (SplitTask).
   std::vector<std::vector<WorkId>> piece_f, piece_b;
 };
@@ -66,8 +69,14 @@ std::vector<GeneratorPlacement> PlaceGenerator(const PipelineShape& s, const Mod
 
 // Adds the modality ops and their SEND/RECV pairs to text compute sequences.
 // Gang shards (multi-rank CP) get a group of their ranks from `builder`.
+// `shards`: per (d * m + mb), a split generator's shards (empty: `generator` places each
+// task whole). A split generator is a gang over its replica's ranks: the last stage sends
+// its hidden states to every other rank after its text F and receives each shard's
+// gradient before its text B.
 Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const ModalityWork& w,
                       const ModalityWorkIds& ids, const std::vector<VisionPlacement>& vision,
-                      const std::vector<GeneratorPlacement>& generator, TableBuilder* builder);
+                      const std::vector<GeneratorPlacement>& generator,
+                      const std::vector<std::vector<GeneratorPlacement>>& shards,
+                      TableBuilder* builder);
 
 }  // namespace pipeplan

@@ -24,9 +24,16 @@ bool Multimodal(const Config& c) {
 
 // Timing inputs of the list scheduler: text compute per global stage, p2p transfers
 // between neighbouring ranks, the generator's work on the last stage, each vision task.
+// Whether the ranks of replica d's stages span more than one node.
+bool ReplicaAcrossNodes(const PipelineShape& shape, const std::vector<RankInfo>& ranks, int d) {
+  for (int s = 1; s < shape.pp; ++s)
+    if (ranks[shape.rank(d, s)].node != ranks[shape.rank(d, 0)].node) return true;
+  return false;
+}
+
 ListInput ListInputOf(const Config& c, const PipelineShape& shape,
                       const std::vector<StageOrder>& orders, const TextWorkload& tw,
-                      const std::vector<RankInfo>& ranks, const ModalityWork& w) {
+                      const std::vector<RankInfo>& ranks, const ModalityWork& w, bool sharded) {
   const CostModel cost = CostModel::Real(c.cluster.spec);
   const int gpus = c.parallel.tp * c.parallel.cp, gpn = c.cluster.gpus_per_node;
   auto compute = [&](const Work& work, bool across = false) {
@@ -42,7 +49,21 @@ ListInput ListInputOf(const Config& c, const PipelineShape& shape,
   in.next_p2p_s.assign(ranks.size(), 0.0);
   for (size_t r = 0; r + 1 < ranks.size(); ++r)
     in.next_p2p_s[r] = cost.P2PSeconds(tw.p2p_bytes, ranks[r].node == ranks[r + 1].node);
-  if (!w.generator.empty()) {
+  if (!w.generator.empty() && sharded) {
+    in.gen_shard_s.assign(static_cast<size_t>(shape.dp) * shape.m, -1.0);
+    for (const GeneratorTask& t : w.generator) {
+      const bool across = ReplicaAcrossNodes(shape, ranks, t.d);
+      const PieceWork p = GeneratorShard(c, t, shape.pp, across);
+      in.gen_shard_s[static_cast<size_t>(t.d) * shape.m + t.mb] =
+          compute(p.f, across) + compute(p.b, across);
+    }
+    in.gen_in_s.assign(ranks.size(), 0.0);
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const int last = shape.rank(static_cast<int>(r) / shape.pp, shape.pp - 1);
+      if (static_cast<int>(r) != last)
+        in.gen_in_s[r] = cost.P2PSeconds(tw.p2p_bytes, ranks[r].node == ranks[last].node);
+    }
+  } else if (!w.generator.empty()) {
     in.after_last_f_s.assign(static_cast<size_t>(shape.dp) * shape.m, 0.0);
     for (const GeneratorTask& t : w.generator)
       in.after_last_f_s[static_cast<size_t>(t.d) * shape.m + t.mb] = compute(t.f) + compute(t.b);
@@ -165,11 +186,22 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
     ids.vision_recompute.push_back(b->AddWork(t.recompute));
     ids.vision_out.push_back(b->AddWork(out));
   }
+  // Under the list-scheduled policies the generator is split over its replica's ranks.
+  const bool listed = policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill ||
+                      policy == ModalityPolicy::kOptimus;
+  const bool sharded = listed && !w.generator.empty() && shape.pp > 1;
   for (const GeneratorTask& t : w.generator) {
-    ids.generator_f.push_back(b->AddWork(t.f));
-    ids.generator_b.push_back(b->AddWork(t.b));
+    const PieceWork p = sharded
+                            ? GeneratorShard(c, t, shape.pp, ReplicaAcrossNodes(shape, ranks, t.d))
+                            : PieceWork{t.f, t.b};
+    ids.generator_f.push_back(b->AddWork(p.f));
+    ids.generator_b.push_back(b->AddWork(p.b));
   }
+  Work io;
+  io.payload_bytes = tw.p2p_bytes;  // the last stage's hidden states, or their gradient
+  ids.generator_io = b->AddWork(io);
   std::vector<VisionPlacement> vision;
+  std::vector<std::vector<GeneratorPlacement>> shards;
   switch (policy) {
     case ModalityPolicy::kInline:
       vision = PlaceVisionInline(shape, w);
@@ -180,8 +212,8 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
     case ModalityPolicy::kNested:
     case ModalityPolicy::kBubbleFill:
     case ModalityPolicy::kOptimus:
-      if (!w.vision.empty()) {
-        ListInput in = ListInputOf(c, shape, orders, tw, ranks, w);
+      if (!w.vision.empty() || sharded) {
+        ListInput in = ListInputOf(c, shape, orders, tw, ranks, w, sharded);
         in.bounds = PieceBounds(c, in);
         ListRules rules = RulesOf(c, policy, in);
         ASSIGN_OR_RETURN(ListResult placed, ScheduleModality(in, w, rules));
@@ -205,6 +237,7 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
           if (other.makespan_s < placed.makespan_s) placed = std::move(other);
         }
         vision = std::move(placed.vision);
+        shards = std::move(placed.generator);
         ids.piece_f.resize(w.vision.size()), ids.piece_b.resize(w.vision.size());
         for (size_t i = 0; i < w.vision.size(); ++i) {
           if (in.bounds[i].size() <= 2) continue;
@@ -217,7 +250,7 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
       break;
   }
   auto generator = PlaceGenerator(shape, w);
-  RETURN_IF_ERROR(InsertModality(seqs, shape, w, ids, vision, generator, b));
+  RETURN_IF_ERROR(InsertModality(seqs, shape, w, ids, vision, generator, shards, b));
   // Gradients of the FSDP-sharded modality parameters: full fp32 gradient in, shard out.
   for (auto [module, params] : {std::pair{Module::kVision, w.vision_params},
                                 std::pair{Module::kGenerator, w.generator_params}}) {

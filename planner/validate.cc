@@ -288,16 +288,19 @@ Status CheckModality(const Table& t) {
                                 OpKind::kRecvB, t.chunk(i), task, "the gradient from"));
       }
     } else if (t.kind(i) == OpKind::kF) {
+      // A generator split over the replica's ranks: shard = chunk, its input and gradient
+      // travel as generator SEND/RECV of that chunk.
+      const int32_t shard = t.chunk(i);
       RETURN_IF_ERROR(arrives(text(last, OpKind::kF, m.vp - 1, mb), i, Module::kGenerator,
-                              OpKind::kRecvF, -1, -1, "its input from"));
-      OpId back = find(t.rank(i), Module::kGenerator, OpKind::kB, -1, mb, -1);
+                              OpKind::kRecvF, shard, -1, "its input from"));
+      OpId back = find(t.rank(i), Module::kGenerator, OpKind::kB, shard, mb, -1);
       if (back == UINT32_MAX || back < i)
         return InvalidPlan(fmt::format("{}: has no generator backward after it", t.str(i)));
       OpId text_b = text(last, OpKind::kB, m.vp - 1, mb);
       if (text_b == UINT32_MAX)
         return InvalidPlan(fmt::format("{}: micro-batch {} has no text backward", t.str(i), mb));
-      RETURN_IF_ERROR(
-          arrives(back, text_b, Module::kText, OpKind::kRecvB, -1, -1, "the generator gradient"));
+      RETURN_IF_ERROR(arrives(back, text_b, shard >= 0 ? Module::kGenerator : Module::kText,
+                              OpKind::kRecvB, shard, -1, "the generator gradient"));
     }
   }
   for (OpId i : modal)
