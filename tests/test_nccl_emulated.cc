@@ -110,6 +110,11 @@ TEST_CASE("NCCL backend, emulated: every policy runs, every transfer arrives whe
   Table inter = Plan(MultimodalConfig(
       "nested", Narrow({"schedule.pipeline=interleaved-1f1b", "parallelism.vp=2"})));
   ExpectClean(inter, RunJob(inter, o, true));
+  // A generator split over each replica's ranks: its gangs and its input/gradient transfers.
+  Table gen = Plan(MultimodalConfig(
+      "nested", Narrow({"model.generator={layers: 2, hidden: 512, mlp: 2048, heads: 8}",
+                        "data.generate={height: 256, width: 256}"})));
+  ExpectClean(gen, RunJob(gen, o, true));
 }
 
 TEST_CASE("NCCL backend, emulated: ranks of two GPUs (tp = 2) run as two processes each") {
