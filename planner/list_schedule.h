@@ -19,13 +19,17 @@
 //   (backwards first when released, else the forward with the earliest deadline);
 // - windows (nested): the forward of micro-batch m waits until its consumer has started
 //   the text forward of m - window; its backward is due (runs before ready text) once the
-//   consumer has started that of m + backward_window: encoder activations stay bounded;
+//   consumer has started the text backward of m + backward_window; with a memory budget,
+//   a forward waits while the rank holds its budget of encoder activations and released
+//   backwards are due: encoder activations stay bounded;
 // - phases (optimus): forwards fill gaps only until the rank's first text backward,
 //   backwards only after its last text forward;
 // - pieces: a task may run as layer-group pieces (ListInput::bounds), each placed on its
 //   own, forwards in layer order and backwards in reverse;
 // - stealing (bubble-fill): a rank in a gap with nothing of its own that fits takes a
-//   whole-image forward that another rank has not started (its backward follows it).
+//   whole-image forward that another rank has not started (its backward follows it);
+// - a generator split over its replica's ranks is a gang released by the last stage's text
+//   F, whose text B waits for it (its ranks post it at their next decision).
 // Deadlines come from the previous pass's consumer times (pass 0 has no vision work);
 // passes repeat while the makespan improves, up to ListRules::passes. Cost per pass:
 // O((ops + tasks) log ranks).
@@ -42,7 +46,8 @@ namespace pipeplan {
 
 struct ListRules {
   int window = 0;           // rounds a forward may run ahead of its consumer; 0 = no window
-  int backward_window = 0;  // rounds a backward may trail its consumer's forward; 0 = none
+  int backward_window = 0;  // micro-batches a backward may trail its consumer's text
+                            // backward; 0 = none
   // Encoder activation bytes per GPU a rank may hold: a forward piece that would exceed it
   // waits (unless its deadline has come) and released backwards become due; 0 = none.
   double memory_budget_bytes = 0;
