@@ -218,14 +218,21 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         ListRules rules = RulesOf(c, policy, in);
         ASSIGN_OR_RETURN(ListResult placed, ScheduleModality(in, w, rules));
         // Alternatives a policy's rules allow; the shortest predicted step is kept. Nested
-        // may also keep Optimus's phases under its windows and budget; bubble-fill may use
-        // every placement nested may (so it is never slower), with or without moving tasks.
+        // may also keep Optimus's phases under its windows and budget, and, when no window
+        // was asked for, let its budget alone bound the memory; bubble-fill may use every
+        // placement nested may (so it is never slower), with or without moving tasks.
         std::vector<ListRules> also;
         if (policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill) {
           ListRules nested = RulesOf(c, ModalityPolicy::kNested, in);
           also.push_back(nested);
           nested.phases = true;
           also.push_back(nested);
+          if (c.schedule.modality_window == 0) {         // no window asked for: the budget
+            nested.window = nested.backward_window = 0;  // alone may bound the memory
+            also.push_back(nested);
+            nested.phases = false;
+            also.push_back(nested);
+          }
         }
         if (policy == ModalityPolicy::kBubbleFill) {
           ListRules own = rules;
