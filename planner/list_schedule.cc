@@ -700,25 +700,36 @@ std::vector<std::vector<GeneratorPlacement>> Pass::GeneratorPlacements() const {
 }  // namespace
 
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
-                                      const ListRules& rules) {
-  ListResult res;
+                                      const std::vector<ListRules>& alternatives) {
+  ListResult best;
+  best.makespan_s = kInf;
   const std::vector<double> none;
-  Pass text(in, w, rules, none);
+  Pass text(in, w, alternatives.empty() ? ListRules{} : alternatives[0], none);
   RETURN_IF_ERROR(text.Run());
-  res.text_makespan_s = text.makespan();
-  std::vector<double> deadline = text.ConsumerStarts();
-  res.makespan_s = kInf;
-  for (int k = 0; k < std::max(1, rules.passes); ++k) {
-    Pass p(in, w, rules, deadline);
-    RETURN_IF_ERROR(p.Run());
-    ++res.passes;
-    if (p.makespan() >= res.makespan_s) break;
-    res.makespan_s = p.makespan();
-    res.vision = p.Placements();
-    res.generator = p.GeneratorPlacements();
-    deadline = p.ConsumerStarts();
+  for (const ListRules& rules : alternatives) {
+    std::vector<double> deadline = text.ConsumerStarts();
+    double last = kInf;
+    for (int k = 0; k < std::max(1, rules.passes); ++k) {
+      Pass p(in, w, rules, deadline);
+      RETURN_IF_ERROR(p.Run());
+      ++best.passes;
+      if (p.makespan() >= last) break;
+      last = p.makespan();
+      if (last < best.makespan_s) {
+        best.makespan_s = last;
+        best.vision = p.Placements();
+        best.generator = p.GeneratorPlacements();
+      }
+      deadline = p.ConsumerStarts();
+    }
   }
-  return res;
+  best.text_makespan_s = text.makespan();
+  return best;
+}
+
+StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
+                                      const ListRules& rules) {
+  return ScheduleModality(in, w, std::vector<ListRules>{rules});
 }
 
 }  // namespace pipeplan

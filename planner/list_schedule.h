@@ -90,5 +90,9 @@ struct ListResult {
 
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
                                       const ListRules& rules);
+// The best of several rule sets (shortest predicted step; the first wins ties), sharing the
+// text-only pass.
+StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
+                                      const std::vector<ListRules>& alternatives);
 
 }  // namespace pipeplan

@@ -165,17 +165,48 @@ std::vector<std::vector<int>> PieceBounds(const Config& c, const ListInput& in) 
   return bounds;
 }
 
+// The list-scheduled placement of a policy: the alternatives its rules allow, the shortest
+// predicted step kept. Nested may also keep Optimus's phases under its windows and budget,
+// and, when no window was asked for, let its budget alone bound the memory; bubble-fill
+// may use every placement nested may (so it is never slower), with or without moving
+// tasks.
+StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const ListInput& in,
+                                 const ModalityWork& w) {
+  const ListRules rules = RulesOf(c, policy, in);
+  std::vector<ListRules> all{rules};
+  if (policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill) {
+    ListRules nested = RulesOf(c, ModalityPolicy::kNested, in);
+    all.push_back(nested);
+    nested.phases = true;
+    all.push_back(nested);
+    if (c.schedule.modality_window == 0) {
+      nested.window = nested.backward_window = 0;
+      all.push_back(nested);
+      nested.phases = false;
+      all.push_back(nested);
+    }
+  }
+  if (policy == ModalityPolicy::kBubbleFill) {
+    ListRules own = rules;
+    own.steal = false;
+    all.push_back(own);
+  }
+  return ScheduleModality(in, w, all);
+}
+
 Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch& batch,
                    const std::vector<StageOrder>& orders, const TextWorkload& tw,
                    const std::vector<RankInfo>& ranks, TableBuilder* b, std::vector<RankSeq>* seqs,
                    std::vector<ModalitySync>* sync) {
   const ModalityPolicy policy = c.schedule.modality;
   const bool decoupled = policy == ModalityPolicy::kDecoupled;
+  // Nested, bubble-fill and optimus are placed by the list scheduler; the generator is
+  // then split over its replica's ranks.
+  const bool listed = policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill ||
+                      policy == ModalityPolicy::kOptimus;
   VisionPool pool;
   pool.consumer_only = policy == ModalityPolicy::kInline;
-  if (policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill ||
-      policy == ModalityPolicy::kOptimus)
-    pool.latency_budget_s = PipelinedBudget(c, shape, tw);
+  if (listed) pool.latency_budget_s = PipelinedBudget(c, shape, tw);
   ModalityWork w = BuildModalityWork(c, batch, pool, decoupled && c.schedule.decoupled_recompute);
   ModalityWorkIds ids;
   for (const VisionTask& t : w.vision) {
@@ -186,9 +217,6 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
     ids.vision_recompute.push_back(b->AddWork(t.recompute));
     ids.vision_out.push_back(b->AddWork(out));
   }
-  // Under the list-scheduled policies the generator is split over its replica's ranks.
-  const bool listed = policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill ||
-                      policy == ModalityPolicy::kOptimus;
   const bool sharded = listed && !w.generator.empty() && shape.pp > 1;
   for (const GeneratorTask& t : w.generator) {
     const PieceWork p = sharded
@@ -215,34 +243,7 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
       if (!w.vision.empty() || sharded) {
         ListInput in = ListInputOf(c, shape, orders, tw, ranks, w, sharded);
         in.bounds = PieceBounds(c, in);
-        ListRules rules = RulesOf(c, policy, in);
-        ASSIGN_OR_RETURN(ListResult placed, ScheduleModality(in, w, rules));
-        // Alternatives a policy's rules allow; the shortest predicted step is kept. Nested
-        // may also keep Optimus's phases under its windows and budget, and, when no window
-        // was asked for, let its budget alone bound the memory; bubble-fill may use every
-        // placement nested may (so it is never slower), with or without moving tasks.
-        std::vector<ListRules> also;
-        if (policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill) {
-          ListRules nested = RulesOf(c, ModalityPolicy::kNested, in);
-          also.push_back(nested);
-          nested.phases = true;
-          also.push_back(nested);
-          if (c.schedule.modality_window == 0) {         // no window asked for: the budget
-            nested.window = nested.backward_window = 0;  // alone may bound the memory
-            also.push_back(nested);
-            nested.phases = false;
-            also.push_back(nested);
-          }
-        }
-        if (policy == ModalityPolicy::kBubbleFill) {
-          ListRules own = rules;
-          own.steal = false;
-          also.push_back(own);
-        }
-        for (const ListRules& r : also) {
-          ASSIGN_OR_RETURN(ListResult other, ScheduleModality(in, w, r));
-          if (other.makespan_s < placed.makespan_s) placed = std::move(other);
-        }
+        ASSIGN_OR_RETURN(ListResult placed, PlaceListed(c, policy, in, w));
         vision = std::move(placed.vision);
         shards = std::move(placed.generator);
         ids.piece_f.resize(w.vision.size()), ids.piece_b.resize(w.vision.size());
