@@ -701,6 +701,23 @@ std::vector<std::vector<GeneratorPlacement>> Pass::GeneratorPlacements() const {
 
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
                                       const std::vector<ListRules>& alternatives) {
+  const PipelineShape& sh = in.shape;
+  const size_t T = w.vision.size(), R = static_cast<size_t>(sh.dp) * sh.pp;
+  const size_t DM = static_cast<size_t>(sh.dp) * sh.m;
+  auto sized = [](const auto& v, size_t n, bool may_be_empty) {
+    return v.size() == n || (may_be_empty && v.empty());
+  };
+  if (!sized(in.orders, sh.pp, false) || !sized(in.f_s, sh.stages(), false) ||
+      !sized(in.b_s, sh.stages(), false) || !sized(in.next_p2p_s, R, false) ||
+      !sized(in.vf_s, T, false) || !sized(in.vb_s, T, false) || !sized(in.out_s, T, false) ||
+      !sized(in.bounds, T, true) || !sized(in.bytes, T, true) ||
+      !sized(in.after_last_f_s, DM, true) || !sized(in.gen_shard_s, DM, true) ||
+      (!in.gen_shard_s.empty() && !sized(in.gen_in_s, R, false)))
+    return Internal("modality list scheduler: inputs of inconsistent sizes");
+  for (const VisionTask& v : w.vision)
+    if (v.rank < 0 || static_cast<size_t>(v.rank) >= R || v.d < 0 || v.d >= sh.dp || v.mb < 0 ||
+        v.mb >= sh.m)
+      return Internal("modality list scheduler: a vision task outside the pipeline");
   ListResult best;
   best.makespan_s = kInf;
   const std::vector<double> none;

@@ -232,3 +232,24 @@ TEST_CASE("nested: a budget bounds the encoder activations a rank holds") {
   CHECK(five.peak < loose.peak);
   CHECK(five.step >= loose.step);
 }
+
+TEST_CASE("list scheduler: a split generator runs on every rank of its replica") {
+  // TwoStages with a 1 s generator shard per micro-batch on both ranks, free transfers.
+  // By hand: r0 F0 [0,1] F1 [1,2]; r1 F0 [1,2], generator 0 on r0 and r1 [2,3]; r1 B0
+  // [3,5] F1 [5,6]; r0 B0 [5,7]; generator 1 [7,8] (r0 joins after its B0); r1 B1
+  // [8,10]; r0 B1 [10,12]. Step 12 s.
+  ListInput in = TwoStages();
+  in.gen_shard_s = {1, 1};
+  in.gen_in_s = {0, 0};
+  auto r = ScheduleModality(in, ModalityWork{}, ListRules{});
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  CHECK(r->text_makespan_s == doctest::Approx(12));
+  in.vf_s = {0}, in.vb_s = {0}, in.out_s = {0};  // and a vision task that costs nothing
+  auto s = ScheduleModality(in, OneTask(1, 1), ListRules{});
+  REQUIRE_MESSAGE(s.ok(), s.status().message());
+  REQUIRE(s->generator.size() == 2);
+  REQUIRE(s->generator[0].size() == 2);
+  for (const GeneratorPlacement& p : s->generator[0]) CHECK(p.at == doctest::Approx(2));
+  for (const GeneratorPlacement& p : s->generator[1]) CHECK(p.at == doctest::Approx(7));
+  CHECK(s->makespan_s == doctest::Approx(12));
+}
