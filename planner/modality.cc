@@ -360,16 +360,18 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
   std::vector<double> carry;
   VisionPool round_pool = pool;
   if (v.enabled && pool.latency_budget_s > 0 && !pool.consumer_only) {
-    // Balance over the step: longest-first placement on the least-loaded GPU leaves the
-    // busiest GPU at most one item above the mean, so an image may stay whole only while
-    // its forward is at most half of a GPU's encoder forward time for the whole step.
+    // Balance: longest-first placement on the least-loaded GPU leaves the busiest GPU at
+    // most one item above the mean, so an image may stay whole only while its forward is
+    // at most what a GPU's encoder forwards take in `window_rounds` rounds on average (the
+    // same rule for any micro-batch count).
     double step = 0;
     for (const auto& replica : batch.replicas)
       for (const MicroBatch& mb : replica)
         for (const Sample& smp : mb.samples)
           for (const Image& img : smp.images) step += ShardSeconds(c, Patches(img, v.patch), 1);
     const double per_gpu = step / c.world();
-    round_pool.latency_budget_s = std::min(pool.latency_budget_s, per_gpu / 2);
+    round_pool.latency_budget_s =
+        std::min(pool.latency_budget_s, per_gpu / std::max(1, rounds) * pool.window_rounds);
   }
   if (v.enabled)
     for (int m = 0; m < rounds; ++m)

@@ -96,6 +96,7 @@ struct VisionPool {
   bool consumer_only = false;
   // An image is not split while its unsplit time is within this, s (PlanVisionCp).
   double latency_budget_s = 0;
+  int window_rounds = 1;  // rounds a forward may run ahead of its consumer (balance bound)
 };
 // Tasks of every micro-batch (see AddVisionTasks in modality.cc for how images become
 // tasks and gangs). `recompute_outputs_only`: decoupled DEP (F keeps the output;

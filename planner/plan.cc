@@ -206,7 +206,10 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
                       policy == ModalityPolicy::kOptimus;
   VisionPool pool;
   pool.consumer_only = policy == ModalityPolicy::kInline;
-  if (listed) pool.latency_budget_s = PipelinedBudget(c, shape, tw);
+  if (listed) {
+    pool.latency_budget_s = PipelinedBudget(c, shape, tw);
+    pool.window_rounds = ModalityWindow(c);
+  }
   ModalityWork w = BuildModalityWork(c, batch, pool, decoupled && c.schedule.decoupled_recompute);
   ModalityWorkIds ids;
   for (const VisionTask& t : w.vision) {
