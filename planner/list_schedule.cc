@@ -175,7 +175,7 @@ class Pass {
   std::priority_queue<std::tuple<double, double, int>, std::vector<std::tuple<double, double, int>>,
                       std::greater<>>
       fallback_;
-  int follows_ = 0;                    // gangs initiated and not yet posted by a follower
+  std::set<int> followers_;            // ranks with gangs to follow (follow_ not empty)
   std::vector<int> first_b_, last_f_;  // per stage: text positions
   std::vector<double> alive_;          // per rank: encoder activation bytes held
 };
@@ -352,7 +352,7 @@ bool Pass::TryGang(int r, int g) {
     const int q = jobs_[task].rank;
     if (q == r) continue;
     follow_[q].push_back({g, pos_[r]});
-    ++follows_;
+    followers_.insert(q);
     Wake(q);
   }
   Post(r, g);
@@ -372,7 +372,7 @@ void Pass::ReleaseGenerator(int r, int mb) {
   for (int q : gang.ranks) {
     gang.ready = std::max(gang.ready, free_[r] + in_.gen_in_s[q]);
     follow_[q].push_back({g, -1});
-    ++follows_;
+    followers_.insert(q);
     Wake(q);
   }
 }
@@ -426,7 +426,7 @@ bool Pass::FollowDue(int r, bool now) {
   if (!now && it->second > pos_[r]) return false;
   const int g = it->first;
   follow_[r].erase(it);
-  --follows_;
+  if (follow_[r].empty()) followers_.erase(r);
   Post(r, g);
   return true;
 }
@@ -600,11 +600,12 @@ Status Pass::Run() {
     }
     // Everyone waits: gangs are posted by their followers first.
     bool posted = false;
-    for (int r = 0; r < R && follows_ > 0 && !posted; ++r)
-      if (posted_[r] == kNone && !follow_[r].empty()) {
-        parked_[r] = 0;
-        posted = FollowDue(r, true);
-      }
+    for (auto it = followers_.begin(); it != followers_.end() && !posted;) {
+      const int r = *it++;  // FollowDue may erase r
+      if (posted_[r] != kNone) continue;
+      parked_[r] = 0;
+      posted = FollowDue(r, true);
+    }
     if (posted) continue;
     // Everyone parked: of the forwards that parked ranks hold, the one with the earliest
     // deadline runs (a consumer waits for it), windows ignored; else a released backward.
