@@ -20,6 +20,25 @@ TEST_CASE("protobuf and JSON round-trips give an equal table") {
   CHECK(SerializePb(*js) == SerializePb(t));
 }
 
+TEST_CASE("round-trips keep layer-group pieces and a split generator") {
+  Table t = Plan(
+      MultimodalConfig("nested", {"model.generator={layers: 2, hidden: 512, mlp: 2048, heads: 8}",
+                                  "data.generate={height: 256, width: 256}"}));
+  int pieces = 0, shards = 0;
+  for (OpId i = 0; i < t.size(); ++i) {
+    pieces += t.piece(i) >= 0;
+    shards += t.module(i) == Module::kGenerator && t.chunk(i) >= 0;
+  }
+  CHECK(pieces > 0);
+  CHECK(shards > 0);
+  auto pb = ParsePb(SerializePb(t));
+  REQUIRE_MESSAGE(pb.ok(), pb.status().message());
+  CHECK(*pb == t);
+  auto js = FromJson(ToJson(t));
+  REQUIRE_MESSAGE(js.ok(), js.status().message());
+  CHECK(*js == t);
+}
+
 TEST_CASE("torch CSV lists compute actions per rank in order, stage = chunk * pp + rank") {
   Table t = Plan(SmallConfig(PipelineKind::kInterleaved1F1B, 2, 2, 4));
   // Rank 1's order (see test_schedules): F0.0 F0.1 F1.0 B1.0 ... -> stages 1, 1, 3, 3, ...
