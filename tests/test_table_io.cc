@@ -8,9 +8,9 @@
 using namespace pipeplan;
 using namespace pipeplan::test;
 
-TEST_CASE("protobuf and JSON round-trips give an equal table") {
-  Table t = Plan(SmallConfig(PipelineKind::kInterleaved1F1B, 2, 2, 4, 2));
-  REQUIRE(t.size() > 0);
+namespace {
+
+void ExpectRoundTrips(const Table& t) {
   auto pb = ParsePb(SerializePb(t));
   REQUIRE_MESSAGE(pb.ok(), pb.status().message());
   CHECK(*pb == t);
@@ -18,6 +18,14 @@ TEST_CASE("protobuf and JSON round-trips give an equal table") {
   REQUIRE_MESSAGE(js.ok(), js.status().message());
   CHECK(*js == t);
   CHECK(SerializePb(*js) == SerializePb(t));
+}
+
+}  // namespace
+
+TEST_CASE("protobuf and JSON round-trips give an equal table") {
+  Table t = Plan(SmallConfig(PipelineKind::kInterleaved1F1B, 2, 2, 4, 2));
+  REQUIRE(t.size() > 0);
+  ExpectRoundTrips(t);
 }
 
 TEST_CASE("round-trips keep layer-group pieces and a split generator") {
@@ -31,12 +39,7 @@ TEST_CASE("round-trips keep layer-group pieces and a split generator") {
   }
   CHECK(pieces > 0);
   CHECK(shards > 0);
-  auto pb = ParsePb(SerializePb(t));
-  REQUIRE_MESSAGE(pb.ok(), pb.status().message());
-  CHECK(*pb == t);
-  auto js = FromJson(ToJson(t));
-  REQUIRE_MESSAGE(js.ok(), js.status().message());
-  CHECK(*js == t);
+  ExpectRoundTrips(t);
 }
 
 TEST_CASE("torch CSV lists compute actions per rank in order, stage = chunk * pp + rank") {
