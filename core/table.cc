@@ -12,7 +12,8 @@ size_t WorkHash::operator()(const Work& w) const {
   auto mix = [&h](auto v) {
     h ^= std::hash<decltype(v)>()(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
   };
-  mix(w.flops), mix(w.attn_flops), mix(w.model_flops), mix(w.hbm_bytes), mix(w.payload_bytes);
+  mix(w.flops), mix(w.attn_flops), mix(w.fp8_flops), mix(w.model_flops), mix(w.hbm_bytes),
+      mix(w.payload_bytes);
   mix(w.mem_delta_bytes), mix(w.tp_bytes), mix(w.ep_bytes), mix(w.tp_calls), mix(w.ep_calls);
   mix(w.kernels), mix(w.layer_begin), mix(w.layer_end);
   return h;
@@ -150,10 +151,12 @@ Status TableColumns::CheckConsistent() const {
   for (uint32_t w : t.work_)
     if (w >= t.works_.size()) return InvalidInput("op refers to a missing work entry");
   for (const Work& w : t.works_) {
-    for (double v : {w.flops, w.attn_flops, w.model_flops, w.hbm_bytes, w.payload_bytes, w.tp_bytes,
-                     w.ep_bytes})
+    for (double v : {w.flops, w.attn_flops, w.fp8_flops, w.model_flops, w.hbm_bytes,
+                     w.payload_bytes, w.tp_bytes, w.ep_bytes})
       if (!std::isfinite(v) || v < 0)
         return InvalidInput("a work entry has a negative or non-finite amount");
+    if (w.attn_flops + w.fp8_flops > w.flops * (1 + 1e-9))
+      return InvalidInput("a work entry's attention and FP8 FLOPs exceed its FLOPs");
     if (!std::isfinite(w.mem_delta_bytes) || w.tp_calls < 0 || w.ep_calls < 0 || w.kernels < 0 ||
         w.layer_begin < -1 || w.layer_end < w.layer_begin || w.layer_end > (1 << 20))
       return InvalidInput("a work entry has an invalid memory effect, call count or layer range");

@@ -41,6 +41,7 @@ struct Work {
   int32_t kernels = 1;         // kernel launches (launch overhead)
   int32_t layer_begin = -1;    // module layers covered, [begin, end); -1 = none
   int32_t layer_end = -1;
+  double fp8_flops = 0;  // part of `flops` in FP8 GEMMs (training.precision: fp8)
   friend bool operator==(const Work&, const Work&) = default;
 };
 
@@ -68,7 +69,11 @@ struct PlanMeta {
   int32_t gpus_per_node = 8;
   double tokens_per_step = 0;   // LLM tokens processed per step (all replicas)
   double samples_per_step = 0;  // samples per step (all replicas)
-  std::string config_yaml;      // the resolved config the plan was made from
+  // LLM FLOPs per step as Megatron reports them: eq. (3) of Narayanan et al. (SC21),
+  // generalised as Megatron-LM's num_floating_point_operations (GQA, gated FFN, MoE top-k),
+  // with the recompute forward the equation assumes. All GPUs.
+  double megatron_flops_per_step = 0;
+  std::string config_yaml;  // the resolved config the plan was made from
   friend bool operator==(const PlanMeta&, const PlanMeta&) = default;
 };
 

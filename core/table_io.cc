@@ -59,7 +59,8 @@ json WorkToJson(const Work& w) {
           {"ep_calls", w.ep_calls},
           {"kernels", w.kernels},
           {"layer_begin", w.layer_begin},
-          {"layer_end", w.layer_end}};
+          {"layer_end", w.layer_end},
+          {"fp8_flops", w.fp8_flops}};
 }
 
 Work WorkFromJson(const json& j) {
@@ -70,6 +71,7 @@ Work WorkFromJson(const json& j) {
   w.tp_bytes = j.at("tp_bytes"), w.ep_bytes = j.at("ep_bytes"), w.tp_calls = j.at("tp_calls");
   w.ep_calls = j.at("ep_calls"), w.kernels = j.at("kernels"), w.layer_begin = j.at("layer_begin");
   w.layer_end = j.at("layer_end");
+  w.fp8_flops = j.value("fp8_flops", 0.0);  // older plans lack it
   return w;
 }
 
@@ -86,6 +88,7 @@ json MetaToJson(const PlanMeta& m) {
           {"gpus_per_node", m.gpus_per_node},
           {"tokens_per_step", m.tokens_per_step},
           {"samples_per_step", m.samples_per_step},
+          {"megatron_flops_per_step", m.megatron_flops_per_step},
           {"config_yaml", m.config_yaml},
           {"tool_version", kVersion}};
 }
@@ -97,6 +100,7 @@ PlanMeta MetaFromJson(const json& j) {
   m.microbatches = j.at("microbatches"), m.gpus_per_node = j.at("gpus_per_node");
   m.tokens_per_step = j.at("tokens_per_step"), m.samples_per_step = j.at("samples_per_step");
   m.config_yaml = j.at("config_yaml");
+  m.megatron_flops_per_step = j.value("megatron_flops_per_step", 0.0);  // older plans lack it
   return m;
 }
 
@@ -130,6 +134,7 @@ std::string SerializePb(const Table& table) {
   m->set_dp(pm.dp), m->set_tp(pm.tp), m->set_cp(pm.cp), m->set_ep(pm.ep);
   m->set_microbatches(pm.microbatches), m->set_gpus_per_node(pm.gpus_per_node);
   m->set_tokens_per_step(pm.tokens_per_step), m->set_samples_per_step(pm.samples_per_step);
+  m->set_megatron_flops_per_step(pm.megatron_flops_per_step);
   m->set_config_yaml(pm.config_yaml), m->set_tool_version(kVersion);
   for (const RankInfo& r : t.ranks()) {
     auto* pr = p.add_ranks();
@@ -145,6 +150,7 @@ std::string SerializePb(const Table& table) {
     pw->set_payload_bytes(w.payload_bytes), pw->set_mem_delta_bytes(w.mem_delta_bytes);
     pw->set_tp_bytes(w.tp_bytes), pw->set_ep_bytes(w.ep_bytes), pw->set_tp_calls(w.tp_calls);
     pw->set_ep_calls(w.ep_calls), pw->set_kernels(w.kernels), pw->set_layer_begin(w.layer_begin);
+    pw->set_fp8_flops(w.fp8_flops);
     pw->set_layer_end(w.layer_end);
   }
   for (int32_t g = 0; g < t.num_groups(); ++g) {
@@ -181,6 +187,7 @@ StatusOr<Table> ParsePb(const std::string& bytes) {
   pm.dp = m.dp(), pm.tp = m.tp(), pm.cp = m.cp(), pm.ep = m.ep();
   pm.microbatches = m.microbatches(), pm.gpus_per_node = m.gpus_per_node();
   pm.tokens_per_step = m.tokens_per_step(), pm.samples_per_step = m.samples_per_step();
+  pm.megatron_flops_per_step = m.megatron_flops_per_step();
   pm.config_yaml = m.config_yaml();
   for (const auto& pr : p.ranks()) {
     RankInfo r{pr.dp(), pr.pp(), pr.gpus(), pr.first_gpu(), pr.node(), {0, 0, 0}};
@@ -192,7 +199,7 @@ StatusOr<Table> ParsePb(const std::string& bytes) {
     c.works().push_back(Work{pw.flops(), pw.attn_flops(), pw.model_flops(), pw.hbm_bytes(),
                              pw.payload_bytes(), pw.mem_delta_bytes(), pw.tp_bytes(), pw.ep_bytes(),
                              pw.tp_calls(), pw.ep_calls(), pw.kernels(), pw.layer_begin(),
-                             pw.layer_end()});
+                             pw.layer_end(), pw.fp8_flops()});
   }
   if (!Prefix(p.group_size(), &c.group_begin())) return InvalidInput("plan group index overflows");
   ReadColumn(p.group_ranks(), &c.group_ranks());

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -17,6 +18,9 @@ constexpr std::string_view kPipelineNames[] = {"gpipe", "1f1b", "interleaved-1f1
 constexpr std::string_view kModalityNames[] = {"inline", "decoupled", "nested", "bubble-fill",
                                                "optimus"};
 constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
+constexpr std::string_view kAttentionNames[] = {"flash", "unfused"};
+constexpr std::string_view kPrecisionNames[] = {"bf16", "fp16", "fp8"};
+constexpr std::string_view kGradDtypeNames[] = {"fp32", "bf16", "fp16"};
 
 // Shared state of one parse: the document, the first error, and where each key was.
 struct Ctx {
@@ -225,6 +229,10 @@ void ReadCluster(MapReader m, ClusterConfig* c) {
 }
 
 void ReadModel(MapReader m, ModelConfig* c) {
+  m.Enum({"attention"}, &c->attention, kAttentionNames);
+  m.Double({"attention_dropout"}, &c->attention_dropout, 0);
+  if (c->attention_dropout >= 1)
+    m.ctx()->FailAt("model.attention_dropout", "'model.attention_dropout' must be below 1");
   MapReader llm = m.Sub({"llm"}, true);
   LlmConfig& l = c->llm;
   llm.Int({"layers", "num_layers"}, &l.layers, 1, true);
@@ -289,6 +297,9 @@ void ReadParallel(MapReader m, ParallelConfig* c) {
   m.Int({"cp", "context_parallel_size"}, &c->cp, 1, false, kMaxParallel);
   m.Int({"ep", "expert_model_parallel_size"}, &c->ep, 1, false, kMaxParallel);
   m.Int({"microbatch_group_size_per_vp_stage"}, &c->microbatch_group_size_per_vp_stage, 1);
+  m.String({"pipeline_model_parallel_layout", "layout"}, &c->layout);
+  m.Int({"num_layers_in_first_pipeline_stage", "first_stage_layers"}, &c->first_stage_layers, 1);
+  m.Int({"num_layers_in_last_pipeline_stage", "last_stage_layers"}, &c->last_stage_layers, 1);
   m.Finish();
 }
 
@@ -300,6 +311,12 @@ void ReadTraining(MapReader m, TrainingConfig* c) {
   m.Enum({"recompute"}, &c->recompute, kRecomputeNames);
   m.Int({"zero_stage"}, &c->zero_stage, 0);
   m.Bool({"sequence_parallel"}, &c->sequence_parallel);
+  m.Enum({"precision"}, &c->precision, kPrecisionNames);
+  m.Enum({"grad_reduce_dtype"}, &c->grad_reduce_dtype, kGradDtypeNames);
+  m.Bool({"overlap_grad_reduce"}, &c->overlap_grad_reduce);
+  m.Bool({"overlap_param_gather"}, &c->overlap_param_gather);
+  m.Int({"grad_bucket_size", "ddp_bucket_size"}, &c->grad_bucket_size, 1, false, 1 << 30);
+  m.Bool({"scatter_gather_p2p", "scatter_gather_tensors_in_pipeline"}, &c->scatter_gather_p2p);
   m.Double({"comm_reserve_gb"}, &c->comm_reserve_gb, 0);
   m.Finish();
 }
@@ -342,6 +359,145 @@ void ReadSchedule(MapReader m, ScheduleConfig* c) {
   m.Int({"modality_window"}, &c->modality_window, 0);
   m.Double({"modality_budget_gib"}, &c->modality_budget_gib, 0);
   m.Finish();
+}
+
+// Expands "X*n" and "(...)*n" of a layout string; commas and spaces are cosmetic.
+class LayoutExpander {
+ public:
+  explicit LayoutExpander(std::string_view s) : s_(s) {}
+  StatusOr<std::string> Run() {
+    std::string out;
+    RETURN_IF_ERROR(Sequence(&out, 0));
+    if (pos_ < s_.size()) return Error("unmatched ')'");
+    return out;
+  }
+
+ private:
+  static constexpr size_t kMaxExpanded = 1 << 20;
+  Status Error(std::string_view what) const {
+    return InvalidInput(fmt::format("{} at character {} of \"{}\"", what, pos_ + 1, s_));
+  }
+  Status Sequence(std::string* out, int depth) {
+    if (depth > 16) return Error("parentheses nested too deep");
+    while (pos_ < s_.size() && s_[pos_] != ')') {
+      const char ch = s_[pos_];
+      if (ch == ',' || ch == ' ') {
+        ++pos_;
+        continue;
+      }
+      std::string item;
+      if (ch == '(') {
+        ++pos_;
+        RETURN_IF_ERROR(Sequence(&item, depth + 1));
+        if (pos_ >= s_.size()) return Error("missing ')'");
+        ++pos_;
+      } else if (ch == 'E' || ch == 't' || ch == 'L' || ch == '|') {
+        item = ch, ++pos_;
+      } else {
+        return Error(fmt::format("unexpected '{}' (expected E, t, L, |, ( or ))", ch));
+      }
+      size_t times = 1;
+      if (pos_ < s_.size() && s_[pos_] == '*') {
+        ++pos_;
+        const size_t digits = pos_;
+        times = 0;
+        while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_])) &&
+               times <= kMaxExpanded)
+          times = times * 10 + (s_[pos_++] - '0');
+        if (pos_ == digits) return Error("'*' needs a count");
+      }
+      if (out->size() + item.size() * times > kMaxExpanded)
+        return Error("the layout expands to more than 2^20 characters");
+      for (size_t k = 0; k < times; ++k) *out += item;
+    }
+    return Status::Ok();
+  }
+
+  std::string_view s_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+StatusOr<std::vector<StageSpan>> ParseStageLayout(std::string_view layout) {
+  ASSIGN_OR_RETURN(std::string flat, LayoutExpander(layout).Run());
+  std::vector<StageSpan> stages(1);
+  int layer = 0;
+  for (char ch : flat) {
+    StageSpan& st = stages.back();
+    if (ch == '|') {
+      stages.push_back({layer, layer, false, false});
+    } else if (ch == 't') {
+      if (st.loss) return InvalidInput(fmt::format("a layer after L in stage {}", stages.size()));
+      st.layer_end = ++layer;
+    } else if (ch == 'E') {
+      if (stages.size() > 1 || st.embedding || st.layer_end > 0)
+        return InvalidInput("E must open the first stage, once");
+      st.embedding = true;
+    } else {  // 'L'
+      if (st.loss) return InvalidInput("L appears twice");
+      st.loss = true;
+    }
+  }
+  for (size_t i = 0; i + 1 < stages.size(); ++i)
+    if (stages[i].loss) return InvalidInput("L must close the last stage");
+  if (!stages.front().embedding) return InvalidInput("the first stage must hold E");
+  if (!stages.back().loss) return InvalidInput("the last stage must hold L");
+  return stages;
+}
+
+namespace {
+
+// The stages' layer ranges: a layout string, first/last stage counts, or even.
+void SetStages(Config* c, Ctx* ctx) {
+  ParallelConfig& p = c->parallel;
+  const int layers = c->model.llm.layers, n = p.pp * p.vp;
+  if (!p.layout.empty()) {
+    if (p.first_stage_layers || p.last_stage_layers)
+      return ctx->FailAt("parallelism.pipeline_model_parallel_layout",
+                         "set either the layout or the first/last stage layer counts");
+    auto st = ParseStageLayout(p.layout);
+    if (!st.ok())
+      return ctx->FailAt("parallelism.pipeline_model_parallel_layout", st.status().message());
+    if (static_cast<int>(st->size()) != n)
+      return ctx->FailAt("parallelism.pipeline_model_parallel_layout",
+                         fmt::format("the layout has {} stages, pp*vp = {}", st->size(), n));
+    if (st->back().layer_end != layers)
+      return ctx->FailAt("parallelism.pipeline_model_parallel_layout",
+                         fmt::format("the layout places {} layers, the model has {}",
+                                     st->back().layer_end, layers));
+    p.stages = std::move(*st);
+    return;
+  }
+  std::vector<int> counts(n, 0);
+  const int first = p.first_stage_layers, last = p.last_stage_layers;
+  if (first || last) {
+    const char* key = first ? "parallelism.num_layers_in_first_pipeline_stage"
+                            : "parallelism.num_layers_in_last_pipeline_stage";
+    if (p.vp > 1)
+      return ctx->FailAt(key, "with vp > 1 use parallelism.pipeline_model_parallel_layout");
+    const int fixed = (first ? 1 : 0) + (last ? 1 : 0), middle = n - fixed;
+    const int rest = layers - first - last;
+    if (n < fixed || rest < 0 || (middle == 0 ? rest != 0 : rest % middle != 0))
+      return ctx->FailAt(key, fmt::format("{} layers minus the first ({}) and last ({}) stages "
+                                          "do not split evenly over the other {} stages",
+                                          layers, first, last, middle));
+    for (int g = 0; g < n; ++g) counts[g] = middle ? rest / middle : 0;
+    if (first) counts.front() = first;
+    if (last) counts.back() = last;
+  } else {
+    if (layers % n != 0)
+      return ctx->FailAt("model.llm.layers",
+                         fmt::format("{} layers cannot be split into pp*vp = {} equal chunks "
+                                     "(or set parallelism.pipeline_model_parallel_layout)",
+                                     layers, n));
+    counts.assign(n, layers / n);
+  }
+  int layer = 0;
+  for (int g = 0; g < n; ++g) {
+    p.stages.push_back({layer, layer + counts[g], g == 0, g == n - 1});
+    layer += counts[g];
+  }
 }
 
 // Consistency of derived values; errors point at the key to change.
@@ -394,10 +550,8 @@ void CheckConsistency(Config* c, Ctx* ctx) {
   if (!interleaved && p.vp > 1)
     return ctx->FailAt("parallelism.vp",
                        fmt::format("vp = {} needs schedule.pipeline: interleaved-1f1b", p.vp));
-  if (l.layers % (p.pp * p.vp) != 0)
-    return ctx->FailAt("model.llm.layers",
-                       fmt::format("{} layers cannot be split into pp*vp = {} equal chunks",
-                                   l.layers, p.pp * p.vp));
+  SetStages(c, ctx);
+  if (ctx->error) return;
   if (t.seq_length % p.cp != 0 ||
       (t.sequence_parallel && p.tp > 1 && t.seq_length % (p.tp * p.cp) != 0))
     return ctx->FailAt(
@@ -449,6 +603,14 @@ void CheckConsistency(Config* c, Ctx* ctx) {
     return ctx->FailAt("parallelism.microbatch_group_size_per_vp_stage",
                        fmt::format("group size must be >= pp = {}", p.pp));
   if (t.zero_stage > 2) return ctx->FailAt("training.zero_stage", "zero_stage must be 0, 1 or 2");
+  if (t.precision == Precision::kFp8 && c->cluster.spec.fp8_flops <= 0)
+    return ctx->FailAt("training.precision",
+                       fmt::format("'training.precision: fp8' needs an FP8 rate; {} has none "
+                                   "(set cluster.hardware.fp8_flops)",
+                                   c->cluster.spec.name));
+  if (t.overlap_param_gather && (t.zero_stage < 1 || !t.overlap_grad_reduce))
+    return ctx->FailAt("training.overlap_param_gather",
+                       "overlap_param_gather needs zero_stage >= 1 and overlap_grad_reduce");
   const bool multimodal = c->model.vision.enabled || c->model.generator.enabled;
   if (!multimodal &&
       (!c->data.images.empty() || !c->data.manifest.empty() || c->data.images_per_sample > 0))

@@ -55,16 +55,47 @@ struct GeneratorConfig {
   Recompute recompute = Recompute::kSelective;
 };
 
+// Attention kernels of the LLM. flash: fused (FlashAttention), causal blocks skipped, nothing
+// of size s^2 in HBM, the backward recomputes the scores. unfused: Megatron's core attention
+// (batched score GEMMs over the full s x s matrix, fused scale-mask-softmax, dropout), the
+// s^2 probabilities written to HBM and kept for the backward.
+enum class Attention { kFlash, kUnfused };
+
 struct ModelConfig {
+  Attention attention = Attention::kFlash;
+  double attention_dropout = 0;  // probability; with `unfused` a mask and output per score
   LlmConfig llm;
   VisionConfig vision;
   GeneratorConfig generator;
 };
 
+// One virtual pipeline stage (global index chunk*pp + pp rank): its LLM layers and whether
+// it holds the embedding (E) or the output layer and loss (L).
+struct StageSpan {
+  int layer_begin = 0, layer_end = 0;
+  bool embedding = false, loss = false;
+};
+
 struct ParallelConfig {
   int tp = 1, pp = 1, vp = 1, dp = 0, cp = 1, ep = 1;  // dp = 0: derived from world size
   int microbatch_group_size_per_vp_stage = 0;          // 0: pp (or PyTorch's rounds rule)
+  // Uneven stages: Megatron's layout string (e.g. "Et*3|t*4|t*4|t*3L"), or the layer
+  // counts of the first and last stage (the rest split evenly); 0 / empty: even.
+  std::string layout;
+  int first_stage_layers = 0, last_stage_layers = 0;
+  std::vector<StageSpan> stages;  // derived: pp*vp entries in global stage order
 };
+
+// Parses Megatron's pipeline_model_parallel_layout: stages separated by '|', in global
+// order; 'E' embedding, 't' a transformer layer, 'L' output layer and loss; "X*n" and
+// "(...)*n" repeat. Errors name the offending character.
+StatusOr<std::vector<StageSpan>> ParseStageLayout(std::string_view layout);
+
+// Precision of the GEMMs: bf16 / fp16 at the catalog's 16-bit rate; fp8 runs the linear
+// layers' GEMMs (not attention, router, embedding or output layer) at the FP8 rate with
+// Transformer Engine's cast overheads.
+enum class Precision { kBf16, kFp16, kFp8 };
+enum class GradDtype { kFp32, kBf16, kFp16 };
 
 struct TrainingConfig {
   int seq_length = 0;
@@ -75,7 +106,18 @@ struct TrainingConfig {
   int zero_stage =
       1;  // 0: none, 1: optimizer states, 2: + gradients (Megatron distributed optimizer = 1)
   bool sequence_parallel = true;  // Megatron sequence parallelism with TP
-  double comm_reserve_gb = 0;     // reserved for communication buffers and allocator slack, GiB
+  Precision precision = Precision::kBf16;
+  GradDtype grad_reduce_dtype = GradDtype::kFp32;  // dtype of the DP gradient reduction
+  // Megatron's overlap_grad_reduce: gradients reduced in buckets of `grad_bucket_size`
+  // parameters as the last micro-batch's backward produces them; overlap_param_gather: the
+  // ZeRO parameter all-gather of the next step runs under the forward, per bucket.
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
+  int grad_bucket_size = 40000000;  // parameters per bucket (Megatron's ddp_bucket_size)
+  // Megatron's scatter/gather of p2p tensors without sequence parallelism: each TP GPU sends
+  // 1/tp of the activation and the receivers all-gather it over NVLink.
+  bool scatter_gather_p2p = true;
+  double comm_reserve_gb = 0;  // reserved for communication buffers and allocator slack, GiB
 };
 
 struct ImageClass {

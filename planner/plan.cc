@@ -333,11 +333,12 @@ StatusOr<Table> BuildPlan(const Config& c) {
 
   std::vector<WorkId> f_work, b_work;
   GradSyncWorks sync;
+  const double grad_bytes = c.training.grad_reduce_dtype == GradDtype::kFp32 ? 4 : 2;
   for (int g = 0; g < shape.stages(); ++g) {
     f_work.push_back(b.AddWork(tw.f[g]));
     b_work.push_back(b.AddWork(tw.b[g]));
     Work reduce, gather;
-    reduce.payload_bytes = tw.params_per_gpu[g] * 4;  // fp32 main gradients (Megatron default)
+    reduce.payload_bytes = tw.params_per_gpu[g] * grad_bytes;
     gather.payload_bytes = tw.params_per_gpu[g] * 2;  // bf16 parameters
     sync.reduce.push_back(b.AddWork(reduce));
     sync.gather.push_back(b.AddWork(gather));
@@ -356,6 +357,7 @@ StatusOr<Table> BuildPlan(const Config& c) {
   }
   Work p2p;
   p2p.payload_bytes = tw.p2p_bytes;
+  if (tw.p2p_gather_bytes > 0) p2p.tp_bytes = tw.p2p_gather_bytes, p2p.tp_calls = 1;
   WorkId p2p_work = b.AddWork(p2p);
   std::vector<int32_t> dp_group(p.pp, -1);
   if (p.dp > 1) {
@@ -392,6 +394,7 @@ StatusOr<Table> BuildPlan(const Config& c) {
   meta.samples_per_step = Multimodal(c)
                               ? static_cast<double>(batch.samples)
                               : static_cast<double>(c.training.micro_batch_size) * shape.m * p.dp;
+  meta.megatron_flops_per_step = MegatronFlopsPerStep(c);
   meta.config_yaml = c.resolved_yaml;
   return b.Finish(std::move(meta));
 }

@@ -21,16 +21,35 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer) {
   const double kv = static_cast<double>(l.kv_heads) * l.head_dim, mats = l.gated_ffn ? 3 : 2;
   const double tp = p.tp, cp = p.cp, shard = tp * cp;
   LayerCost lc;
-  // Attention: QKV + output projections; scores and values 4*T*s*(heads*head_dim),
-  // causal -> half.
+  // Attention: QKV + output projections; scores and values 4*T*s*(heads*head_dim).
+  // Causal masking halves the useful part. FlashAttention skips the masked blocks and its
+  // backward recomputes the scores (5 matmuls against the forward's 2: 2.5x, as the
+  // FlashAttention-2 paper counts). Unfused attention multiplies the full s x s matrix in
+  // batched GEMMs (backward 2x) and moves the probabilities through HBM: scale-mask-softmax
+  // reads and writes 2 bytes per score (backward: reads gradient and output, writes one:
+  // 6); dropout reads and writes 2 and writes a 1-byte mask (backward: 2 + 1 read, 2
+  // written).
   const double attn_params = h * (q + 2 * kv) + q * h;
-  lc.attn_core_flops = 0.5 * 4 * T * s * q;
+  const double scores = 4 * T * s * q, elems = static_cast<double>(l.heads) * s * T / shard;
+  const bool flash = c.model.attention == Attention::kFlash;
+  const bool dropout = c.model.attention_dropout > 0;
+  lc.attn_fused = flash;
+  lc.attn_core_flops = flash ? 0.5 * scores : scores;
+  lc.attn_bwd_factor = flash ? 2.5 : 2;
+  if (!flash) {
+    lc.attn_hbm_f = elems * (4 + (dropout ? 5 : 0));
+    lc.attn_hbm_b = elems * (6 + (dropout ? 5 : 0));
+  }
   lc.fwd_flops = 2 * T * attn_params + lc.attn_core_flops;
+  lc.model_flops = 2 * T * attn_params + 0.5 * scores;
+  lc.linear_flops = 2 * T * attn_params;
   double ffn_act;  // FFN activation bytes per token (before sharding)
   if (moe_layer) {
     const double E = l.moe.experts, k = l.moe.top_k, fe = l.moe.expert_ffn,
                  sh = l.moe.shared_experts;
-    lc.fwd_flops += 2 * T * h * E + 2 * T * (k + sh) * h * fe * mats;
+    const double ffn_flops = 2 * T * h * E + 2 * T * (k + sh) * h * fe * mats;
+    lc.fwd_flops += ffn_flops, lc.model_flops += ffn_flops;
+    lc.linear_flops += 2 * T * (k + sh) * h * fe * mats;  // the router stays in bf16
     lc.params_per_gpu =
         attn_params / tp + (E / p.ep) * h * fe * mats + sh * h * fe * mats / tp + h * E;
     ffn_act = 2 * mats * (k + sh) * fe;
@@ -40,7 +59,8 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer) {
       lc.ep_bytes = 2 * (T / shard) * k * h * kBf16 * (p.ep - 1) / p.ep;
     }
   } else {
-    lc.fwd_flops += 2 * T * h * l.ffn * mats;
+    lc.fwd_flops += 2 * T * h * l.ffn * mats, lc.model_flops += 2 * T * h * l.ffn * mats;
+    lc.linear_flops += 2 * T * h * l.ffn * mats;
     lc.params_per_gpu = (attn_params + h * l.ffn * mats) / tp;
     ffn_act = 2 * mats * l.ffn;
   }
@@ -58,14 +78,17 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer) {
       (4 * (q + kv) + (l.gated_ffn ? 6 : 4) * ffn_elems + (moe_layer ? 8.0 * l.moe.top_k * h : 0)) *
           T / shard;
   // Korthikanti et al.: 34*s*b*h + 5*a*s^2*b per layer for a 4h GELU FFN, i.e. 18*h for
-  // attention, norms and FFN input plus 4*f for the FFN (6*f gated); scores only without
-  // recompute; full recompute keeps the layer input (2*s*b*h). Sharded over tp (sequence
-  // parallel) and cp.
+  // attention, norms and FFN input plus 4*f for the FFN (6*f gated); full recompute keeps
+  // the layer input (2*s*b*h). Sharded over tp (sequence parallel) and cp. The 5*a*s^2*b
+  // are unfused attention's softmax output (2 bytes), dropout mask (1) and dropout output
+  // (2), kept without recompute; without dropout only the softmax output. FlashAttention
+  // keeps no s^2 tensor, only the fp32 log-sum-exp per head and token.
   // Without sequence parallelism the 10*s*b*h of norm inputs and dropout masks is not
   // sharded over tp (Korthikanti et al., table 2).
   switch (c.training.recompute) {
     case Recompute::kNone:
-      lc.act_bytes = T * (18 * h + ffn_act) + 5.0 * l.heads * s * T;
+      lc.act_bytes = T * (18 * h + ffn_act) +
+                     (flash ? 4.0 * l.heads * T : (dropout ? 5.0 : 2.0) * l.heads * s * T);
       break;
     case Recompute::kSelective:
       lc.act_bytes = T * (18 * h + ffn_act);
@@ -77,62 +100,120 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer) {
   lc.act_bytes /= shard;
   if (!c.training.sequence_parallel && c.training.recompute != Recompute::kFull)
     lc.act_bytes += 10 * T * h * (1 / cp - 1 / shard);
+  if (c.training.precision == Precision::kFp8) {
+    // Transformer Engine casts each FP8 GEMM's input in the forward and its output gradient
+    // in the backward with a fused cast-transpose: read 2 bytes, write 1 + 1 (the transpose
+    // feeds the weight-gradient GEMM). Inputs: QKV h, projection q, FC1 h per routed copy,
+    // FC2 the FFN width; output gradients: QKV q + 2kv, projection h, FC1 the FFN width
+    // (x2 gated), FC2 h per routed copy.
+    const double copies = moe_layer ? l.moe.top_k + l.moe.shared_experts : 1;
+    lc.fp8_cast_f = 4 * (h + q + copies * h + ffn_elems) * T / shard;
+    lc.fp8_cast_b =
+        4 * ((q + 2 * kv) + h + ffn_elems * (l.gated_ffn ? 2 : 1) + copies * h) * T / shard;
+  }
   if (p.tp > 1) {  // sequence parallel: 2 all-gathers + 2 reduce-scatters (= 2 all-reduces) per F
-    lc.tp_calls = 4;
+    lc.tp_calls = c.training.sequence_parallel ? 4 : 2;
     lc.tp_bytes = 2 * (2 * (tp - 1) / tp) * (T / cp) * h * kBf16;
   }
   return lc;
 }
 
+double MegatronFlopsPerStep(const Config& c) {
+  const LlmConfig& l = c.model.llm;
+  const double B = c.training.global_batch_size, s = c.training.seq_length, h = l.hidden;
+  const double q_ratio = static_cast<double>(l.heads) * l.head_dim / h;
+  const double gated = l.gated_ffn ? 1.5 : 1, groups = static_cast<double>(l.kv_heads) / l.heads;
+  const double attention = (1 + groups + s / h) * q_ratio;
+  auto mlp = [&](bool moe) {
+    return moe ? (static_cast<double>(l.moe.expert_ffn) / h) *
+                     (l.moe.top_k + l.moe.shared_experts) * gated
+               : (static_cast<double>(l.ffn) / h) * gated;
+  };
+  double layers = 0;  // sum over layers of the per-layer bracket
+  for (int layer = 0; layer < l.layers; ++layer) layers += attention + mlp(IsMoeLayer(l, layer));
+  // Per layer 2 (GEMM) x 2 (stacked GEMMs) x 4 (forward, recompute, two backward) = 16;
+  // the logits 2 x 3.
+  return 16 * B * s * h * h * layers + 6 * B * s * h * l.vocab;
+}
+
 TextWorkload BuildTextWorkload(const Config& c) {
   const LlmConfig& l = c.model.llm;
   const ParallelConfig& p = c.parallel;
-  const int stages = p.pp * p.vp, per_chunk = l.layers / stages;
   const double T = static_cast<double>(c.training.micro_batch_size) * c.training.seq_length;
   const double shard = static_cast<double>(p.tp) * p.cp;
+  const double sp_shard = c.training.sequence_parallel ? shard : p.cp;
+  const double V = l.vocab, h = l.hidden;
   const LayerCost dense = TextLayerCost(c, false), moe = TextLayerCost(c, true);
+  const Recompute rc = c.training.recompute;
   TextWorkload w;
   w.tokens_per_mb = T;
-  w.p2p_bytes = T * l.hidden * kBf16 / (c.training.sequence_parallel ? shard : p.cp);
-  for (int g = 0; g < stages; ++g) {
+  w.p2p_bytes = T * h * kBf16 / sp_shard;
+  if (!c.training.sequence_parallel && p.tp > 1 && c.training.scatter_gather_p2p) {
+    // Narayanan et al. (SC21) section 4.1: each TP GPU sends its 1/tp chunk of the (replicated)
+    // activation over its own NIC; the receivers all-gather the chunks over NVLink.
+    w.p2p_bytes /= p.tp;
+    w.p2p_gather_bytes = (p.tp - 1) * w.p2p_bytes;
+  }
+  for (const StageSpan& span : p.stages) {
     Work f, bw;
-    double params = 0, act = 0, attn_core = 0;
-    f.layer_begin = bw.layer_begin = g * per_chunk;
-    f.layer_end = bw.layer_end = (g + 1) * per_chunk;
-    for (int layer = f.layer_begin; layer < f.layer_end; ++layer) {
+    double params = 0, act = 0, attn_core = 0, attn_hbm_f = 0, attn_hbm_b = 0;
+    double linear = 0, cast_f = 0, cast_b = 0;
+    f.layer_begin = bw.layer_begin = span.layer_begin;
+    f.layer_end = bw.layer_end = span.layer_end;
+    for (int layer = span.layer_begin; layer < span.layer_end; ++layer) {
       const LayerCost& lc = IsMoeLayer(l, layer) ? moe : dense;
       f.flops += lc.fwd_flops;
+      f.model_flops += lc.model_flops;
       attn_core += lc.attn_core_flops;
+      attn_hbm_f += lc.attn_hbm_f, attn_hbm_b += lc.attn_hbm_b;
+      linear += lc.linear_flops, cast_f += lc.fp8_cast_f, cast_b += lc.fp8_cast_b;
       params += lc.params_per_gpu;
       act += lc.act_bytes;
       f.hbm_bytes += lc.elementwise_bytes;
       f.tp_bytes += lc.tp_bytes, f.tp_calls += lc.tp_calls;
       f.ep_bytes += lc.ep_bytes, f.ep_calls += lc.ep_calls;
     }
-    f.kernels = kKernelsPerLayerF * per_chunk;
-    if (g == 0) params += static_cast<double>(l.vocab) * l.hidden / p.tp;  // embedding
-    if (g == stages - 1) {  // output layer + loss; fp32 logits kept for backward
-      params += static_cast<double>(l.vocab) * l.hidden / p.tp;
-      f.flops += 2 * T * l.hidden * l.vocab;
-      act += T * l.vocab * 4 / shard;
-      f.hbm_bytes += 2 * T * l.vocab * 4 / shard;  // fp32 softmax / cross-entropy over logits
+    f.kernels = kKernelsPerLayerF * (span.layer_end - span.layer_begin);
+    double loss_hbm = 0;
+    if (span.embedding) {  // vocab-parallel lookup: gather rows, write the hidden states
+      params += V * h / p.tp;
+      f.hbm_bytes += 2 * T * h * kBf16 / sp_shard;
+      f.kernels += 1;
+    }
+    if (span.loss) {  // final norm, vocab-parallel logits, fp32 softmax / cross-entropy
+      params += V * h / p.tp + h;
+      f.flops += 2 * T * h * V;
+      f.model_flops += 2 * T * h * V;
+      act += T * V * 4 / shard;  // fp32 softmax kept for the backward
+      loss_hbm = 2 * T * V * 4 / shard;
+      f.hbm_bytes += loss_hbm;
       f.kernels += 3;
     }
-    f.attn_flops = attn_core;
-    f.model_flops = f.flops;
+    const double other_hbm = f.hbm_bytes;
+    f.hbm_bytes += attn_hbm_f + cast_f;
+    f.attn_flops = dense.attn_fused ? attn_core : 0;
+    const bool fp8 = c.training.precision == Precision::kFp8;
+    f.fp8_flops = fp8 ? linear : 0;
     f.mem_delta_bytes = act;
-    // Backward: 2x forward, plus the recomputed forward part.
-    double recompute = c.training.recompute == Recompute::kFull        ? f.flops
-                       : c.training.recompute == Recompute::kSelective ? attn_core
-                                                                       : 0;
-    bw.flops = 2 * f.flops + recompute;
-    bw.attn_flops = 2 * attn_core + (c.training.recompute == Recompute::kNone ? 0 : attn_core);
+    // Backward: 2x the forward outside the core attention, the attention's own factor
+    // inside, plus what is recomputed (full: the layers' forward; selective: the core
+    // attention).
+    const double layers_flops = f.flops - (span.loss ? 2 * T * h * V : 0);
+    const double core_bwd = dense.attn_bwd_factor * attn_core;
+    bw.flops = 2 * (f.flops - attn_core) + core_bwd +
+               (rc == Recompute::kFull        ? layers_flops
+                : rc == Recompute::kSelective ? attn_core
+                                              : 0);
+    bw.attn_flops = dense.attn_fused ? core_bwd + (rc == Recompute::kNone ? 0 : attn_core) : 0;
+    bw.fp8_flops = fp8 ? (rc == Recompute::kFull ? 3 : 2) * linear : 0;
     bw.model_flops = 2 * f.model_flops;
-    bw.hbm_bytes = 2 * f.hbm_bytes;
-    bw.tp_bytes = f.tp_bytes * (c.training.recompute == Recompute::kFull ? 2 : 1);
-    bw.tp_calls = f.tp_calls * (c.training.recompute == Recompute::kFull ? 2 : 1);
-    bw.ep_bytes = f.ep_bytes * (c.training.recompute == Recompute::kFull ? 2 : 1);
-    bw.ep_calls = f.ep_calls * (c.training.recompute == Recompute::kFull ? 2 : 1);
+    bw.hbm_bytes = 2 * other_hbm + attn_hbm_b + cast_b +
+                   (rc == Recompute::kFull        ? f.hbm_bytes - loss_hbm
+                    : rc == Recompute::kSelective ? attn_hbm_f
+                                                  : 0);
+    const int again = rc == Recompute::kFull ? 2 : 1;  // full recompute repeats the forward's
+    bw.tp_bytes = f.tp_bytes * again, bw.tp_calls = f.tp_calls * again;
+    bw.ep_bytes = f.ep_bytes * again, bw.ep_calls = f.ep_calls * again;
     bw.kernels = 2 * f.kernels;
     bw.mem_delta_bytes = -act;
     w.f.push_back(f);

@@ -12,7 +12,15 @@ namespace pipeplan {
 
 struct LayerCost {
   double fwd_flops = 0;          // one layer, one micro-batch, all GPUs of the rank
-  double attn_core_flops = 0;    // part of fwd_flops recomputed by selective recompute
+  double model_flops = 0;        // fwd_flops with the causal half of the scores only
+  double attn_core_flops = 0;    // scores and values: the part selective recompute redoes
+  bool attn_fused = true;        // core attention runs as one fused kernel (attention rate)
+  double attn_bwd_factor = 2;    // backward FLOPs of the core attention / forward
+  double attn_hbm_f = 0;         // s^2 traffic per GPU of unfused attention, forward
+  double attn_hbm_b = 0;         // the same, backward
+  double linear_flops = 0;       // forward FLOPs of the linear layers (FP8-eligible GEMMs)
+  double fp8_cast_f = 0;         // FP8 cast-transpose traffic per GPU, forward (precision fp8)
+  double fp8_cast_b = 0;         // the same, backward
   double params_per_gpu = 0;     // parameters per GPU
   double act_bytes = 0;          // activation bytes per GPU kept for backward (by recompute mode)
   double elementwise_bytes = 0;  // HBM traffic of memory-bound kernels per GPU, forward
@@ -26,10 +34,18 @@ struct TextWorkload {
   std::vector<Work> f, b;              // per global virtual stage (chunk*pp + stage)
   std::vector<double> params_per_gpu;  // per global virtual stage
   double p2p_bytes = 0;                // activation (or gradient) bytes per GPU between stages
+  double p2p_gather_bytes = 0;         // scatter/gather p2p: NVLink all-gather bytes per GPU
   double tokens_per_mb = 0;            // LLM tokens per micro-batch
 };
 
 LayerCost TextLayerCost(const Config& c, bool moe_layer);
 TextWorkload BuildTextWorkload(const Config& c);
+
+// LLM FLOPs of one step (all replicas) as Megatron reports them: eq. (3) of Narayanan et
+// al. (SC21), 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)) for GPT, generalised as Megatron-LM's
+// num_floating_point_operations (query groups, gated FFN, MoE top-k and shared experts),
+// with the recompute forward of every layer that eq. (3) assumes (4 GEMM passes per layer,
+// 3 for the logits).
+double MegatronFlopsPerStep(const Config& c);
 
 }  // namespace pipeplan

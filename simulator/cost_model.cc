@@ -22,7 +22,9 @@ double CostModel::ComputeSeconds(const Work& w, int gpus, int tp, int ep, int gp
                                  bool fold_across_nodes) const {
   const GpuSpec& s = spec_;
   const double per_gpu = 1.0 / std::max(gpus, 1);
-  double gemm_s = (w.flops - w.attn_flops) * per_gpu / (s.bf16_flops * s.compute_efficiency);
+  double gemm_s =
+      (w.flops - w.attn_flops - w.fp8_flops) * per_gpu / (s.bf16_flops * s.compute_efficiency);
+  if (w.fp8_flops > 0) gemm_s += w.fp8_flops * per_gpu / (s.fp8_flops * s.compute_efficiency);
   double attn_s = w.attn_flops * per_gpu / (s.bf16_flops * s.attention_efficiency);
   double mem_s = w.hbm_bytes / (s.hbm_bw * s.hbm_efficiency);
   double t = gemm_s + attn_s + mem_s + w.kernels * s.launch_s;
@@ -45,6 +47,14 @@ double CostModel::P2PSeconds(double bytes, bool same_node) const {
   const GpuSpec& s = spec_;
   if (same_node) return s.intra_latency_s + bytes / (s.nvlink_bw * s.nvlink_efficiency);
   return s.inter_latency_s + bytes / (s.nic_bw * s.nic_efficiency);
+}
+
+double CostModel::P2PSeconds(const Work& w, bool same_node) const {
+  double t = P2PSeconds(w.payload_bytes, same_node);
+  if (w.tp_calls > 0)  // scatter/gather: the receivers' all-gather over NVLink
+    t += w.tp_calls * spec_.intra_latency_s +
+         w.tp_bytes / (spec_.nvlink_bw * spec_.nvlink_efficiency);
+  return t;
 }
 
 double CostModel::CollectiveSeconds(OpKind kind, double bytes, int n, int per_node,
@@ -97,7 +107,7 @@ std::vector<double> CostModel::Durations(const Table& t) const {
     const Work& w = t.work(i);
     const RankInfo& r = ranks[t.rank(i)];
     if (IsP2P(k)) {
-      d[i] = P2PSeconds(w.payload_bytes, ranks[t.peer(i)].node == r.node);
+      d[i] = P2PSeconds(w, ranks[t.peer(i)].node == r.node);
     } else if (IsCollective(k)) {
       auto [n, most, nodes] = groups[t.peer(i)];
       d[i] = CollectiveSeconds(k, w.payload_bytes, n, most, nodes);

@@ -33,6 +33,7 @@ class CostModel {
   double ComputeSeconds(const Work& w, int gpus, int tp, int ep, int gpus_per_node,
                         bool fold_across_nodes = false) const;
   double P2PSeconds(double bytes, bool same_node) const;
+  double P2PSeconds(const Work& w, bool same_node) const;  // + a folded all-gather (tp_bytes)
   // n: group members; per_node: most members on one node; nodes: nodes spanned.
   double CollectiveSeconds(OpKind kind, double bytes, int n, int per_node, int nodes) const;
 

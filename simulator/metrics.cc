@@ -116,6 +116,7 @@ Metrics ComputeMetrics(const Table& t, const Timeline& tl, const std::vector<dou
     m.bubble_fraction = 1 - busy_total / (t.num_ranks() * m.step_time_s);
     m.tokens_per_s = t.meta().tokens_per_step / m.step_time_s;
     m.samples_per_s = t.meta().samples_per_step / m.step_time_s;
+    m.model_flops_per_gpu = t.meta().megatron_flops_per_step / (m.step_time_s * m.world_gpus);
     if (!cost.unit())
       m.mfu = m.model_flops / (m.step_time_s * m.world_gpus * cost.spec().bf16_flops);
   }
@@ -143,6 +144,7 @@ nlohmann::json MetricsJson(const Metrics& m) {
           {"bubble_fraction", m.bubble_fraction},
           {"mfu", m.mfu},
           {"model_flops", m.model_flops},
+          {"model_tflops_per_gpu", m.model_flops_per_gpu / 1e12},
           {"tokens_per_s", m.tokens_per_s},
           {"samples_per_s", m.samples_per_s},
           {"peak_memory_bytes", m.peak_memory_bytes},
@@ -171,6 +173,9 @@ std::string MetricsText(const Metrics& m) {
                      m.lower_bound_s, m.step_time_s / m.lower_bound_s);
   s += fmt::format("bubble fraction  {:.2f} %\n", 100 * m.bubble_fraction);
   s += fmt::format("MFU              {:.2f} %\n", 100 * m.mfu);
+  if (m.model_flops_per_gpu > 0)
+    s += fmt::format("model TFLOP/s    {:.1f} per GPU (Megatron's eq. 3, recompute included)\n",
+                     m.model_flops_per_gpu / 1e12);
   s += fmt::format("throughput       {:.6g} tokens/s, {:.6g} samples/s\n", m.tokens_per_s,
                    m.samples_per_s);
   s += fmt::format("peak memory      {:.2f} GiB per GPU of {:.2f} GiB{}\n",

@@ -28,6 +28,8 @@ struct Metrics {
   double bubble_fraction = 0;  // 1 - sum(busy) / (ranks x step time)
   double mfu = 0;              // model FLOPs / (step time x GPUs x peak bf16)
   double model_flops = 0;      // per step, all GPUs
+  // Megatron's "model TFLOP/s per GPU": eq. (3) FLOPs / (step time x GPUs), FLOP/s.
+  double model_flops_per_gpu = 0;
   double tokens_per_s = 0;
   double samples_per_s = 0;
   double peak_memory_bytes = 0;  // max over ranks, per GPU

@@ -92,7 +92,8 @@ TEST_CASE("wrong type, bad enum, missing key") {
 
 TEST_CASE("inconsistent parallelism points at the key to change") {
   CHECK(Error(Replace(kBase, "    layers: 8", "    layers: 10")) ==
-        "cfg.yaml:7:13: 10 layers cannot be split into pp*vp = 4 equal chunks\n      layers: 10\n  "
+        "cfg.yaml:7:13: 10 layers cannot be split into pp*vp = 4 equal chunks (or set "
+        "parallelism.pipeline_model_parallel_layout)\n      layers: 10\n  "
         "            ^");
   CHECK(Error(Replace(kBase, "  pp: 4", "  pp: 3")) ==
         "cfg.yaml:14:7: world size 8 GPUs (1 nodes x 8) is not divisible by tp*pp*cp = 6\n    pp: "

@@ -1,0 +1,229 @@
+// The cost model's config keys: each test changes one key and checks that the right term
+// moves by the amount the cited formula gives, computed here by hand.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include "helpers.h"
+#include "planner/plan.h"
+#include "planner/workload.h"
+#include "simulator/cost_model.h"
+#include "simulator/metrics.h"
+
+using namespace pipeplan;
+using namespace pipeplan::test;
+
+namespace {
+
+// SmallConfig's model: hidden 256, 4 heads of 64, gated FFN 1024, vocab 1000, seq 128,
+// micro-batch 1, 2 layers per stage; pp = 2 here, one GPU per rank.
+constexpr double kH = 256, kHeads = 4, kQ = 256, kFfn = 1024, kS = 128, kT = 128, kV = 1000;
+
+Config Small(std::vector<std::string> sets) {
+  return SmallConfig(PipelineKind::k1F1B, 2, 1, 4, 1, std::move(sets));
+}
+
+StatusOr<Config> LoadConfigFromString(const std::string& yaml) {
+  auto doc = YamlDoc::FromString("cfg.yaml", yaml);
+  if (!doc.ok()) return doc.status();
+  return ParseConfig(std::move(doc).value());
+}
+
+const Work& FirstWork(const Table& t, const std::string& op) {
+  return t.work(Find(t, op));
+}
+
+}  // namespace
+
+TEST_CASE("model.attention: unfused computes the masked half and moves the scores through HBM") {
+  // Scores and values: 4*T*s*(heads*head_dim) FLOPs per layer (reference.md); FlashAttention
+  // skips the causal half, unfused multiplies the whole matrix. Unfused also writes and reads
+  // the a*s*T probabilities: scale-mask-softmax 4 bytes per score forward, 6 backward.
+  const double scores = 4 * kT * kS * kQ, elems = kHeads * kS * kT;
+  for (const char* rc : {"none", "selective", "full"}) {
+    CAPTURE(rc);
+    auto flash = BuildTextWorkload(Small({std::string("training.recompute=") + rc}));
+    auto unfused = BuildTextWorkload(
+        Small({std::string("training.recompute=") + rc, "model.attention=unfused"}));
+    const Work &ff = flash.f[0], &uf = unfused.f[0];
+    CHECK(uf.flops - ff.flops == doctest::Approx(2 * 0.5 * scores));
+    CHECK(ff.attn_flops == doctest::Approx(2 * 0.5 * scores));  // at the attention rate
+    CHECK(uf.attn_flops == 0);                                  // batched GEMMs
+    CHECK(uf.model_flops == doctest::Approx(ff.model_flops));   // MFU counts the same work
+    CHECK(uf.hbm_bytes - ff.hbm_bytes == doctest::Approx(2 * 4 * elems));
+    // Backward: FlashAttention 2.5x its forward (the scores recomputed inside), unfused 2x;
+    // selective recompute adds one core forward, full the whole forward.
+    const double core_f = 0.5 * scores, core_u = scores;
+    const double extra = std::string(rc) == "none" ? 0 : 1;
+    CHECK(unfused.b[0].flops - flash.b[0].flops ==
+          doctest::Approx(2 * ((2 + extra) * core_u - (2.5 + extra) * core_f)));
+    // Memory kept for the backward: without recompute unfused keeps the 2-byte softmax
+    // output, FlashAttention only its fp32 log-sum-exp (4 bytes per head and token).
+    const double dmem = unfused.f[0].mem_delta_bytes - flash.f[0].mem_delta_bytes;
+    if (std::string(rc) == "none")
+      CHECK(dmem == doctest::Approx(2 * (2 * elems - 4 * kHeads * kT)));
+    else
+      CHECK(dmem == 0);
+  }
+}
+
+TEST_CASE("model.attention_dropout: the 5*a*s^2*b of Korthikanti et al. with unfused attention") {
+  // Korthikanti et al. (2022) section 4.1: softmax output 2*a*s^2*b, dropout mask a*s^2*b,
+  // dropout output 2*a*s^2*b. Traffic: dropout reads 2 and writes 2 + 1 bytes per score in
+  // the forward, reads 2 + 1 and writes 2 in the backward.
+  const double elems = kHeads * kS * kT;
+  auto plain = BuildTextWorkload(Small({"training.recompute=none", "model.attention=unfused"}));
+  auto drop = BuildTextWorkload(
+      Small({"training.recompute=none", "model.attention=unfused", "model.attention_dropout=0.1"}));
+  CHECK(drop.f[0].mem_delta_bytes - plain.f[0].mem_delta_bytes ==
+        doctest::Approx(2 * 3 * elems));  // 2 layers x (5 - 2) bytes per score
+  CHECK(drop.f[0].hbm_bytes - plain.f[0].hbm_bytes == doctest::Approx(2 * 5 * elems));
+  CHECK(drop.b[0].hbm_bytes - plain.b[0].hbm_bytes == doctest::Approx(2 * 5 * elems));
+  // FlashAttention applies dropout inside the kernel: nothing moves.
+  auto flash = BuildTextWorkload(Small({"training.recompute=none"}));
+  auto flash_drop =
+      BuildTextWorkload(Small({"training.recompute=none", "model.attention_dropout=0.1"}));
+  CHECK(flash_drop.f[0] == flash.f[0]);
+}
+
+TEST_CASE("training.precision: fp8 runs the linear layers' GEMMs at the FP8 rate") {
+  Config bf16 = Small({}), fp8 = Small({"training.precision=fp8"});
+  auto wb = BuildTextWorkload(bf16), w8 = BuildTextWorkload(fp8);
+  // Linear layers per layer: QKV + projection 2*T*(h*(q+2kv) + q*h), gated FFN 2*T*h*f*3.
+  const double linear = 2 * kT * (kH * 3 * kQ + kQ * kH) + 2 * kT * kH * kFfn * 3;
+  CHECK(w8.f[0].fp8_flops == doctest::Approx(2 * linear));
+  CHECK(w8.b[0].fp8_flops == doctest::Approx(2 * 2 * linear));  // dgrad + wgrad
+  CHECK(w8.f[0].flops == doctest::Approx(wb.f[0].flops));
+  // Cast-transpose, 4 bytes per element of each FP8 GEMM input (forward: h + q + h + f)
+  // and output gradient (backward: 3q + h + 2f + h).
+  CHECK(w8.f[0].hbm_bytes - wb.f[0].hbm_bytes ==
+        doctest::Approx(2 * 4 * (kH + kQ + kH + kFfn) * kT));
+  CHECK(w8.b[0].hbm_bytes - wb.b[0].hbm_bytes ==
+        doctest::Approx(2 * 4 * (3 * kQ + kH + 2 * kFfn + kH) * kT));
+  // Time: the FP8 FLOPs move from the 16-bit rate to the FP8 rate (both at the GEMM
+  // efficiency), the casts add their bytes at the HBM rate.
+  const GpuSpec& s = bf16.cluster.spec;
+  CostModel cost = CostModel::Real(s);
+  Work only_gemm = wb.f[0], only_gemm8 = w8.f[0];
+  only_gemm8.hbm_bytes = only_gemm.hbm_bytes;
+  const double d =
+      cost.ComputeSeconds(only_gemm, 1, 1, 1, 8) - cost.ComputeSeconds(only_gemm8, 1, 1, 1, 8);
+  CHECK(d ==
+        doctest::Approx(2 * linear * (1 / s.bf16_flops - 1 / s.fp8_flops) / s.compute_efficiency));
+  // fp16 costs what bf16 costs (same tensor-core rate on every catalog GPU).
+  Config fp16 = Small({"training.precision=fp16"});
+  CHECK(CostModel::Real(s).Durations(Plan(fp16)) == CostModel::Real(s).Durations(Plan(bf16)));
+  // A GPU without an FP8 rate is an error naming the key.
+  auto a100 = LoadConfigFromString(
+      "cluster: {gpu: A100, nodes: 1}\nmodel: {llm: {layers: 2, hidden: 256, ffn: 1024, heads: "
+      "4, vocab: 1000}}\ntraining: {seq_length: 128, microbatches: 1, precision: fp8}\n");
+  REQUIRE(!a100.ok());
+  CHECK(a100.status().message().find("training.precision") != std::string::npos);
+}
+
+TEST_CASE("training.grad_reduce_dtype: the gradient reduction carries 4 or 2 bytes per parameter") {
+  for (auto [dtype, bytes] : {std::pair{"fp32", 4.0}, {"bf16", 2.0}, {"fp16", 2.0}}) {
+    CAPTURE(dtype);
+    Config c = SmallConfig(PipelineKind::k1F1B, 2, 1, 4, 2,
+                           {std::string("training.grad_reduce_dtype=") + dtype});
+    Table t = Plan(c);
+    const double params = BuildTextWorkload(c).params_per_gpu[0];
+    CHECK(FirstWork(t, "r0 REDUCE_SCATTER c0 @g0").payload_bytes ==
+          doctest::Approx(params * bytes));
+  }
+}
+
+TEST_CASE("training.scatter_gather_p2p: 1/tp over the NIC, the rest all-gathered over NVLink") {
+  // Narayanan et al. (SC21) section 4.1. Two nodes of 2 GPUs, tp = 2, pp = 2: the stages
+  // sit on different nodes. Without sequence parallelism each TP GPU holds the whole
+  // activation, T*h*2 bytes.
+  auto make = [](bool sg) {
+    return ParseYaml(fmt::format(R"(
+cluster: {{gpu: H100, nodes: 2, gpus_per_node: 2}}
+model: {{llm: {{layers: 4, hidden: 256, ffn: 1024, heads: 4, vocab: 1000}}}}
+parallelism: {{tp: 2, pp: 2}}
+training: {{seq_length: 128, microbatches: 4, sequence_parallel: false,
+           scatter_gather_p2p: {}}}
+)",
+                                 sg ? "true" : "false"));
+  };
+  const double full = kT * kH * 2;
+  Table on = Plan(make(true)), off = Plan(make(false));
+  const Work& w_on = FirstWork(on, "r0 SEND_F c0 m0 ->r1");
+  const Work& w_off = FirstWork(off, "r0 SEND_F c0 m0 ->r1");
+  CHECK(w_off.payload_bytes == doctest::Approx(full));
+  CHECK(w_on.payload_bytes == doctest::Approx(full / 2));
+  CHECK(w_on.tp_bytes == doctest::Approx(full / 2));  // (tp-1)/tp of it, gathered
+  const GpuSpec& s = make(true).cluster.spec;
+  CostModel cost = CostModel::Real(s);
+  CHECK(cost.P2PSeconds(w_on, false) ==
+        doctest::Approx(s.inter_latency_s + full / 2 / (s.nic_bw * s.nic_efficiency) +
+                        s.intra_latency_s + full / 2 / (s.nvlink_bw * s.nvlink_efficiency)));
+  CHECK(cost.P2PSeconds(w_off, false) ==
+        doctest::Approx(s.inter_latency_s + full / (s.nic_bw * s.nic_efficiency)));
+}
+
+TEST_CASE("uneven stages: Megatron's layout string and first/last stage layer counts") {
+  auto spans = ParseStageLayout("Et*3|(t*4|)*2t*3L");
+  REQUIRE_MESSAGE(spans.ok(), spans.status().message());
+  REQUIRE(spans->size() == 4);
+  const int expect[4][2] = {{0, 3}, {3, 7}, {7, 11}, {11, 14}};
+  for (int g = 0; g < 4; ++g) {
+    CHECK((*spans)[g].layer_begin == expect[g][0]);
+    CHECK((*spans)[g].layer_end == expect[g][1]);
+    CHECK((*spans)[g].embedding == (g == 0));
+    CHECK((*spans)[g].loss == (g == 3));
+  }
+  CHECK(ParseStageLayout("E|t|L").ok());
+  CHECK(ParseStageLayout("t|E|L").status().message().find("E must open") != std::string::npos);
+  CHECK(ParseStageLayout("Et|tx|L").status().message().find("character 5") != std::string::npos);
+  CHECK(!ParseStageLayout("Et|t(").ok());
+  CHECK(!ParseStageLayout("Et|Lt").ok());
+
+  // 8 layers on pp = 4: "E|t*3|t*3|t*2L" puts the embedding alone on stage 0.
+  Config c = SmallConfig(PipelineKind::k1F1B, 4, 1, 4, 1,
+                         {"parallelism.pipeline_model_parallel_layout=E|t*3|t*3|t*2L"});
+  TextWorkload w = BuildTextWorkload(c);
+  TextWorkload even = BuildTextWorkload(SmallConfig(PipelineKind::k1F1B, 4, 1, 4));
+  const double layer_f = even.f[1].flops / 2;  // stage 1 of the even split: 2 plain layers
+  CHECK(w.f[1].flops == doctest::Approx(3 * layer_f));
+  CHECK(w.f[2].flops == doctest::Approx(3 * layer_f));
+  // The last stage: 2 layers + the output layer 2*T*h*V.
+  CHECK(w.f[3].flops == doctest::Approx(2 * layer_f + 2 * kT * kH * kV));
+  // The embedding stage: no GEMMs, the lookup writes and reads T*h bf16 values; its
+  // parameters are the V*h table.
+  CHECK(w.f[0].flops == 0);
+  CHECK(w.f[0].hbm_bytes == doctest::Approx(2 * kT * kH * 2));
+  CHECK(w.params_per_gpu[0] == doctest::Approx(kV * kH));
+  // The memory of the stages follows their layers.
+  CHECK(w.f[1].mem_delta_bytes == doctest::Approx(1.5 * even.f[1].mem_delta_bytes));
+
+  Config fl = SmallConfig(PipelineKind::k1F1B, 4, 1, 4, 1,
+                          {"parallelism.num_layers_in_first_pipeline_stage=1",
+                           "parallelism.num_layers_in_last_pipeline_stage=1"});
+  const int counts[4] = {1, 3, 3, 1};
+  for (int g = 0; g < 4; ++g)
+    CHECK(fl.parallel.stages[g].layer_end - fl.parallel.stages[g].layer_begin == counts[g]);
+  auto bad = LoadConfigFromString(
+      "cluster: {gpu: H100, nodes: 1, gpus_per_node: 4}\nmodel: {llm: {layers: 8, hidden: 256, "
+      "ffn: 1024, heads: 4, vocab: 1000}}\nparallelism: {pp: 4, pipeline_model_parallel_layout: "
+      "\"Et*3|t*3|t*2L\"}\ntraining: {seq_length: 128, microbatches: 4}\n");
+  REQUIRE(!bad.ok());
+  CHECK(bad.status().message().find("3 stages, pp*vp = 4") != std::string::npos);
+}
+
+TEST_CASE("model TFLOP/s per GPU is eq. (3) of Narayanan et al. (SC21)") {
+  // GPT (4h GELU FFN, multi-head attention): 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)).
+  Config c = SmallConfig(PipelineKind::k1F1B, 2, 1, 4, 1, {"model.llm.gated_ffn=false"});
+  const double B = 4, l = 4;
+  const double eq3 = 96 * B * kS * l * kH * kH * (1 + kS / (6 * kH) + kV / (16 * l * kH));
+  CHECK(MegatronFlopsPerStep(c) == doctest::Approx(eq3));
+  // Gated FFN (Megatron's swiglu: 3/2 of the FFN term) and query groups (kv/heads of one
+  // projection): per layer 16*B*s*h^2*((1 + g/a + s/h) + 1.5*f/h).
+  Config g = SmallConfig(PipelineKind::k1F1B, 2, 1, 4, 1, {"model.llm.kv_heads=2"});
+  const double per_layer = 16 * B * kS * kH * kH * ((1 + 0.5 + kS / kH) + 1.5 * kFfn / kH);
+  CHECK(MegatronFlopsPerStep(g) == doctest::Approx(l * per_layer + 6 * B * kS * kH * kV));
+  auto r = RunSimulation(Plan(c), SimOptionsFor(c, false));
+  REQUIRE(r.ok());
+  CHECK(r->metrics.model_flops_per_gpu ==
+        doctest::Approx(eq3 / (r->metrics.step_time_s * r->metrics.world_gpus)));
+}
