@@ -73,7 +73,8 @@ struct PlanMeta {
   // generalised as Megatron-LM's num_floating_point_operations (GQA, gated FFN, MoE top-k),
   // with the recompute forward the equation assumes. All GPUs.
   double megatron_flops_per_step = 0;
-  std::string config_yaml;  // the resolved config the plan was made from
+  double megatron_model_flops_per_step = 0;  // the same without the recompute forward (MFU)
+  std::string config_yaml;                   // the resolved config the plan was made from
   friend bool operator==(const PlanMeta&, const PlanMeta&) = default;
 };
 

@@ -89,6 +89,7 @@ json MetaToJson(const PlanMeta& m) {
           {"tokens_per_step", m.tokens_per_step},
           {"samples_per_step", m.samples_per_step},
           {"megatron_flops_per_step", m.megatron_flops_per_step},
+          {"megatron_model_flops_per_step", m.megatron_model_flops_per_step},
           {"config_yaml", m.config_yaml},
           {"tool_version", kVersion}};
 }
@@ -101,6 +102,7 @@ PlanMeta MetaFromJson(const json& j) {
   m.tokens_per_step = j.at("tokens_per_step"), m.samples_per_step = j.at("samples_per_step");
   m.config_yaml = j.at("config_yaml");
   m.megatron_flops_per_step = j.value("megatron_flops_per_step", 0.0);  // older plans lack it
+  m.megatron_model_flops_per_step = j.value("megatron_model_flops_per_step", 0.0);
   return m;
 }
 
@@ -135,6 +137,7 @@ std::string SerializePb(const Table& table) {
   m->set_microbatches(pm.microbatches), m->set_gpus_per_node(pm.gpus_per_node);
   m->set_tokens_per_step(pm.tokens_per_step), m->set_samples_per_step(pm.samples_per_step);
   m->set_megatron_flops_per_step(pm.megatron_flops_per_step);
+  m->set_megatron_model_flops_per_step(pm.megatron_model_flops_per_step);
   m->set_config_yaml(pm.config_yaml), m->set_tool_version(kVersion);
   for (const RankInfo& r : t.ranks()) {
     auto* pr = p.add_ranks();
@@ -188,6 +191,7 @@ StatusOr<Table> ParsePb(const std::string& bytes) {
   pm.microbatches = m.microbatches(), pm.gpus_per_node = m.gpus_per_node();
   pm.tokens_per_step = m.tokens_per_step(), pm.samples_per_step = m.samples_per_step();
   pm.megatron_flops_per_step = m.megatron_flops_per_step();
+  pm.megatron_model_flops_per_step = m.megatron_model_flops_per_step();
   pm.config_yaml = m.config_yaml();
   for (const auto& pr : p.ranks()) {
     RankInfo r{pr.dp(), pr.pp(), pr.gpus(), pr.first_gpu(), pr.node(), {0, 0, 0}};

@@ -395,6 +395,7 @@ StatusOr<Table> BuildPlan(const Config& c) {
                               ? static_cast<double>(batch.samples)
                               : static_cast<double>(c.training.micro_batch_size) * shape.m * p.dp;
   meta.megatron_flops_per_step = MegatronFlopsPerStep(c);
+  meta.megatron_model_flops_per_step = MegatronFlopsPerStep(c, false);
   meta.config_yaml = c.resolved_yaml;
   return b.Finish(std::move(meta));
 }

@@ -118,7 +118,7 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer) {
   return lc;
 }
 
-double MegatronFlopsPerStep(const Config& c) {
+double MegatronFlopsPerStep(const Config& c, bool recompute_pass) {
   const LlmConfig& l = c.model.llm;
   const double B = c.training.global_batch_size, s = c.training.seq_length, h = l.hidden;
   const double q_ratio = static_cast<double>(l.heads) * l.head_dim / h;
@@ -131,9 +131,9 @@ double MegatronFlopsPerStep(const Config& c) {
   };
   double layers = 0;  // sum over layers of the per-layer bracket
   for (int layer = 0; layer < l.layers; ++layer) layers += attention + mlp(IsMoeLayer(l, layer));
-  // Per layer 2 (GEMM) x 2 (stacked GEMMs) x 4 (forward, recompute, two backward) = 16;
-  // the logits 2 x 3.
-  return 16 * B * s * h * h * layers + 6 * B * s * h * l.vocab;
+  // Per layer 2 (GEMM) x 2 (stacked GEMMs) x 4 (forward, recompute, two backward) = 16,
+  // or 12 without the recompute; the logits 2 x 3.
+  return (recompute_pass ? 16 : 12) * B * s * h * h * layers + 6 * B * s * h * l.vocab;
 }
 
 TextWorkload BuildTextWorkload(const Config& c) {

@@ -45,7 +45,8 @@ TextWorkload BuildTextWorkload(const Config& c);
 // al. (SC21), 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)) for GPT, generalised as Megatron-LM's
 // num_floating_point_operations (query groups, gated FFN, MoE top-k and shared experts),
 // with the recompute forward of every layer that eq. (3) assumes (4 GEMM passes per layer,
-// 3 for the logits).
-double MegatronFlopsPerStep(const Config& c);
+// 3 for the logits). `recompute_pass` false: 3 passes per layer, the model FLOPs of
+// Korthikanti et al. (2022) and of Megatron-LM's MFU today.
+double MegatronFlopsPerStep(const Config& c, bool recompute_pass = true);
 
 }  // namespace pipeplan

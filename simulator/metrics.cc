@@ -117,8 +117,11 @@ Metrics ComputeMetrics(const Table& t, const Timeline& tl, const std::vector<dou
     m.tokens_per_s = t.meta().tokens_per_step / m.step_time_s;
     m.samples_per_s = t.meta().samples_per_step / m.step_time_s;
     m.model_flops_per_gpu = t.meta().megatron_flops_per_step / (m.step_time_s * m.world_gpus);
-    if (!cost.unit())
-      m.mfu = m.model_flops / (m.step_time_s * m.world_gpus * cost.spec().bf16_flops);
+    if (!cost.unit()) {
+      const double peak = m.step_time_s * m.world_gpus * cost.spec().bf16_flops;
+      m.mfu = m.model_flops / peak;
+      m.megatron_mfu = t.meta().megatron_model_flops_per_step / peak;
+    }
   }
   for (OpId i : CriticalPath(t, tl)) m.critical_path.push_back(t.str(i));
   return m;
@@ -145,6 +148,7 @@ nlohmann::json MetricsJson(const Metrics& m) {
           {"mfu", m.mfu},
           {"model_flops", m.model_flops},
           {"model_tflops_per_gpu", m.model_flops_per_gpu / 1e12},
+          {"megatron_mfu", m.megatron_mfu},
           {"tokens_per_s", m.tokens_per_s},
           {"samples_per_s", m.samples_per_s},
           {"peak_memory_bytes", m.peak_memory_bytes},
@@ -172,7 +176,8 @@ std::string MetricsText(const Metrics& m) {
     s += fmt::format("lower bound      {:.6g} s (busiest rank's compute; step / bound {:.3f})\n",
                      m.lower_bound_s, m.step_time_s / m.lower_bound_s);
   s += fmt::format("bubble fraction  {:.2f} %\n", 100 * m.bubble_fraction);
-  s += fmt::format("MFU              {:.2f} %\n", 100 * m.mfu);
+  s += fmt::format("MFU              {:.2f} % (Megatron's: {:.2f} %)\n", 100 * m.mfu,
+                   100 * m.megatron_mfu);
   if (m.model_flops_per_gpu > 0)
     s += fmt::format("model TFLOP/s    {:.1f} per GPU (Megatron's eq. 3, recompute included)\n",
                      m.model_flops_per_gpu / 1e12);

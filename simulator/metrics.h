@@ -30,6 +30,9 @@ struct Metrics {
   double model_flops = 0;      // per step, all GPUs
   // Megatron's "model TFLOP/s per GPU": eq. (3) FLOPs / (step time x GPUs), FLOP/s.
   double model_flops_per_gpu = 0;
+  // Megatron's MFU (Korthikanti et al. 2022; Megatron-LM today): the same FLOPs without
+  // the recompute forward / (step time x GPUs x peak bf16).
+  double megatron_mfu = 0;
   double tokens_per_s = 0;
   double samples_per_s = 0;
   double peak_memory_bytes = 0;  // max over ranks, per GPU

@@ -226,4 +226,11 @@ TEST_CASE("model TFLOP/s per GPU is eq. (3) of Narayanan et al. (SC21)") {
   REQUIRE(r.ok());
   CHECK(r->metrics.model_flops_per_gpu ==
         doctest::Approx(eq3 / (r->metrics.step_time_s * r->metrics.world_gpus)));
+  // Megatron's MFU (Korthikanti et al. 2022): 72*B*s*l*h^2*(1 + s/(6h) + V/(12*l*h)), no
+  // recompute forward, over the bf16 peak.
+  const double model = 72 * B * kS * l * kH * kH * (1 + kS / (6 * kH) + kV / (12 * l * kH));
+  CHECK(MegatronFlopsPerStep(c, false) == doctest::Approx(model));
+  CHECK(r->metrics.megatron_mfu ==
+        doctest::Approx(
+            model / (r->metrics.step_time_s * r->metrics.world_gpus * c.cluster.spec.bf16_flops)));
 }
