@@ -7,6 +7,18 @@
 #include <functional>
 
 namespace pipeplan {
+Work LayerShare(const Work& w, int begin, int end) {
+  const int layers = std::max(1, w.layer_end - w.layer_begin), n = end - begin;
+  const double s = static_cast<double>(n) / layers;
+  Work p = w;
+  p.flops *= s, p.attn_flops *= s, p.fp8_flops *= s, p.model_flops *= s, p.hbm_bytes *= s;
+  p.tp_bytes *= s, p.ep_bytes *= s, p.mem_delta_bytes *= s;
+  p.tp_calls = w.tp_calls * n / layers, p.ep_calls = w.ep_calls * n / layers;
+  p.kernels = std::max(1, w.kernels * n / layers);
+  p.layer_begin = w.layer_begin + begin, p.layer_end = w.layer_begin + end;
+  return p;
+}
+
 size_t WorkHash::operator()(const Work& w) const {
   size_t h = 0;
   auto mix = [&h](auto v) {

@@ -45,6 +45,11 @@ struct Work {
   friend bool operator==(const Work&, const Work&) = default;
 };
 
+// The share of `w` (whose layers are [w.layer_begin, w.layer_end)) that covers the
+// layers [begin, end) counted from w.layer_begin: every amount in proportion to the layers
+// (memory effect included), call counts rounded down, at least one kernel.
+Work LayerShare(const Work& w, int begin, int end);
+
 struct WorkHash {
   size_t operator()(const Work& w) const;
 };

@@ -314,7 +314,8 @@ std::string ToTorchCsv(const Table& t) {
     for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) {
       OpKind k = t.kind(i);
       if (t.module(i) != Module::kText ||
-          !(k == OpKind::kF || k == OpKind::kB || k == OpKind::kI || k == OpKind::kW))
+          !(k == OpKind::kF || k == OpKind::kB || k == OpKind::kI || k == OpKind::kW) ||
+          t.piece(i) > 0)  // a backward split into bucket pieces is one action
         continue;
       if (!first) out += ',';
       first = false;

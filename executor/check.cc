@@ -15,12 +15,18 @@ CheckResult CompareWithReference(const Table& t, const TinyModel& model,
   Reference ref = RunReference(t, model);
   res.reference_loss = ref.loss;
   res.loss_error = std::abs(res.loss - ref.loss) / std::max(std::abs(ref.loss), 1e-300);
-  // Text gradients: each layer from the replica-0 rank that holds it (reduced over DP).
-  const int pp = t.meta().pp, stages = pp * t.meta().vp, per_chunk = model.text_layers() / stages;
+  // Text gradients: each layer from the replica-0 rank whose forward runs it (reduced over
+  // DP); stages may hold different numbers of layers.
+  std::vector<int32_t> owner(model.text_layers(), 0);
+  for (OpId i = 0; i < t.size(); ++i)
+    if (t.module(i) == Module::kText && t.kind(i) == OpKind::kF && t.ranks()[t.rank(i)].dp == 0)
+      for (int layer = std::max(0, t.work(i).layer_begin);
+           layer < std::min(model.text_layers(), t.work(i).layer_end); ++layer)
+        owner[layer] = t.rank(i);
   const size_t dd = static_cast<size_t>(model.width()) * model.width();
   Tensor text(ref.grads.text.size());
   for (int layer = 0; layer < model.text_layers(); ++layer) {
-    const Tensor& g = grads[(layer / per_chunk) % pp].text;
+    const Tensor& g = grads[owner[layer]].text;
     std::copy(g.begin() + dd * layer, g.begin() + dd * (layer + 1), text.begin() + dd * layer);
   }
   // Modality gradients: reduced over every rank when the plan syncs them, else summed here.

@@ -113,15 +113,31 @@ Status CpuBackend::TextForward(OpId op) {
   return Status::Ok();
 }
 
+// A backward split into bucket pieces runs from the last layers to the first: the first
+// piece takes the output gradient, the others the gradient the piece before left; the
+// piece that reaches the chunk's first layer finishes as a whole backward does.
 Status CpuBackend::TextBackward(OpId op) {
   const int g = t_.chunk(op) * pp_ + stage_, mb = t_.mb(op);
-  auto it = dout_.find({g, mb});
-  if (it == dout_.end()) return Internal("its output gradient has not arrived");
   auto sv = saved_.find({g, mb});
   if (sv == saved_.end()) return Internal("it runs before its forward");
+  std::vector<Tensor>& saved = sv->second;
+  const Work& w = t_.work(op);
+  const size_t layers = static_cast<size_t>(w.layer_end - w.layer_begin);
+  auto& source = t_.piece(op) > 0 ? text_dx_ : dout_;
+  auto it = source.find({g, mb});
+  if (it == source.end())
+    return Internal(t_.piece(op) > 0 ? "it runs before the piece of its later layers"
+                                     : "its output gradient has not arrived");
+  if (layers > saved.size()) return Internal("its layer range is outside its forward's");
   Tensor dx = std::move(it->second);
-  dout_.erase(it);
-  m_->Backward(Module::kText, t_.work(op).layer_begin, sv->second, &dx, &grads_);
+  source.erase(it);
+  std::vector<Tensor> mine(saved.end() - static_cast<std::ptrdiff_t>(layers), saved.end());
+  saved.resize(saved.size() - layers);
+  m_->Backward(Module::kText, w.layer_begin, mine, &dx, &grads_);
+  if (!saved.empty()) {
+    text_dx_[{g, mb}] = std::move(dx);
+    return Status::Ok();
+  }
   saved_.erase(sv);
   out_.erase({g, mb});
   if (g == 0)
@@ -316,9 +332,17 @@ Tensor* CpuBackend::Slice(OpId op, size_t* offset, size_t* length) {
   Tensor& all = grads_.of(t_.module(op));
   *offset = 0, *length = all.size();
   if (t_.module(op) == Module::kText) {
-    const int g = t_.chunk(op) * pp_ + stage_;
-    const int per_chunk = m_->text_layers() / stages_;
-    *offset = dd * g * per_chunk, *length = dd * per_chunk;
+    // The layers of the chunk (its forward), or of one bucket (its backward piece).
+    const bool bucket = t_.piece(op) >= 0;
+    for (OpId i = t_.rank_begin(rank_); i < t_.rank_end(rank_); ++i) {
+      if (t_.module(i) != Module::kText || t_.chunk(i) != t_.chunk(op) ||
+          t_.kind(i) != (bucket ? OpKind::kB : OpKind::kF) || t_.piece(i) != t_.piece(op))
+        continue;
+      const Work& w = t_.work(i);
+      *offset = dd * w.layer_begin, *length = dd * (w.layer_end - w.layer_begin);
+      return &all;
+    }
+    *length = 0;  // no compute of that chunk here: nothing to reduce
   }
   return &all;
 }

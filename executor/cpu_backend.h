@@ -48,6 +48,7 @@ class CpuBackend : public Backend {
   std::map<TaskKey, Tensor> vision_out_, vision_grad_;
   std::map<TaskKey, std::vector<Tensor>> vision_saved_;  // inputs of the layers run so far
   std::map<TaskKey, Tensor> vision_act_, vision_dx_;     // between pieces: activation, gradient
+  std::map<StageKey, Tensor> text_dx_;                   // between backward pieces
   std::map<int, Tensor> gen_in_, gen_dx_;  // split generator: micro-batch -> input, its gradient
   std::map<TaskKey, bool> vision_remote_;  // output goes to another rank
 };

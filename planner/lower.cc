@@ -6,9 +6,9 @@
 
 namespace pipeplan {
 
-uint32_t CollectiveTag(OpKind kind, Module module, int32_t chunk) {
-  return (static_cast<uint32_t>(module) << 24) | (static_cast<uint32_t>(kind) << 16) |
-         static_cast<uint32_t>(chunk + 1);
+uint32_t CollectiveTag(OpKind kind, Module module, int32_t chunk, int bucket) {
+  return (static_cast<uint32_t>(bucket) << 26) | (static_cast<uint32_t>(module) << 24) |
+         (static_cast<uint32_t>(kind) << 16) | static_cast<uint32_t>(chunk + 1);
 }
 
 std::vector<RankSeq> ExpandStages(const std::vector<StageOrder>& orders, const PipelineShape& shape,
@@ -71,6 +71,7 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
                  const std::vector<ModalitySync>& modality, int32_t all_ranks_group) {
   const bool sync = shape.dp > 1;
   const OpKind reduce = zero_stage >= 1 ? OpKind::kReduceScatter : OpKind::kAllReduce;
+  const bool buckets = sync && !works.bucket_piece.empty();
   for (int32_t r = 0; r < static_cast<int32_t>(seqs->size()); ++r) {
     RankSeq& seq = (*seqs)[r];
     const int s = r % shape.pp;
@@ -78,13 +79,35 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
     for (const PendingOp& op : seq)
       if (op.key.module == Module::kText && op.key.kind == OpKind::kB)
         ++backwards_left[op.key.chunk];
+    auto gathers = [&](RankSeq* out) {
+      for (int c = 0; c < shape.vp; ++c) {
+        OpKey gk{r, OpKind::kAllGather, Module::kText, c, -1, -1, dp_group_of_stage[s]};
+        out->push_back({gk, works.gather[c * shape.pp + s],
+                        CollectiveTag(OpKind::kAllGather, Module::kText, c)});
+      }
+    };
+    const bool gather = sync && zero_stage >= 1;
     RankSeq out;
-    out.reserve(seq.size() + 3 * shape.vp + 1);
+    out.reserve(seq.size() + (3 + kMaxBuckets) * shape.vp + 1);
+    if (gather && works.gather_first) gathers(&out);
     for (const PendingOp& op : seq) {
-      out.push_back(op);
-      if (!sync || op.key.module != Module::kText || op.key.kind != OpKind::kB) continue;
-      if (--backwards_left[op.key.chunk] == 0) {
-        int g = op.key.chunk * shape.pp + s;
+      const bool text_b = op.key.module == Module::kText && op.key.kind == OpKind::kB;
+      const bool last = sync && text_b && --backwards_left[op.key.chunk] == 0;
+      const int g = op.key.chunk * shape.pp + s;
+      if (!last) {
+        out.push_back(op);
+      } else if (buckets) {
+        for (size_t k = 0; k < works.bucket_piece[g].size(); ++k) {
+          OpKey pk = op.key;
+          pk.piece = static_cast<int32_t>(k);
+          out.push_back({pk, works.bucket_piece[g][k]});
+          OpKey ck{r,  reduce, Module::kText,        op.key.chunk,
+                   -1, -1,     dp_group_of_stage[s], static_cast<int32_t>(k)};
+          out.push_back({ck, works.bucket_reduce[g][k],
+                         CollectiveTag(reduce, Module::kText, op.key.chunk, static_cast<int>(k))});
+        }
+      } else {
+        out.push_back(op);
         OpKey ck{r, reduce, Module::kText, op.key.chunk, -1, -1, dp_group_of_stage[s]};
         out.push_back({ck, works.reduce[g], CollectiveTag(reduce, Module::kText, op.key.chunk)});
       }
@@ -94,13 +117,7 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
         out.push_back({OpKey{r, OpKind::kReduceScatter, m.module, -1, -1, -1, all_ranks_group},
                        m.work, CollectiveTag(OpKind::kReduceScatter, m.module, -1)});
     out.push_back({OpKey{r, OpKind::kOptStep, Module::kOptimizer}, works.opt_step[s]});
-    if (sync && zero_stage >= 1) {
-      for (int c = 0; c < shape.vp; ++c) {
-        OpKey gk{r, OpKind::kAllGather, Module::kText, c, -1, -1, dp_group_of_stage[s]};
-        out.push_back({gk, works.gather[c * shape.pp + s],
-                       CollectiveTag(OpKind::kAllGather, Module::kText, c)});
-      }
-    }
+    if (gather && !works.gather_first) gathers(&out);
     seq = std::move(out);
   }
 }
@@ -118,6 +135,7 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
     std::vector<std::pair<int64_t, TableBuilder::Handle>> last_backward;
     std::vector<TableBuilder::Handle> grad_collectives;
     TableBuilder::Handle opt_step = UINT32_MAX;
+    std::vector<std::pair<int32_t, TableBuilder::Handle>> early_gather;  // (chunk, op)
     for (const PendingOp& op : seq) {
       const OpKey& k = op.key;
       TableBuilder::Handle h = b->AddAndAppend(k, op.work, op.tag);
@@ -140,6 +158,11 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
         for (TableBuilder::Handle c : grad_collectives) b->AddDep(h, c);
       } else if (k.kind == OpKind::kAllGather && opt_step != UINT32_MAX) {
         b->AddDep(h, opt_step);
+      } else if (k.kind == OpKind::kAllGather && k.module == Module::kText) {
+        early_gather.push_back({k.chunk, h});
+      } else if (k.kind == OpKind::kF && k.module == Module::kText) {
+        for (auto& [chunk, g] : early_gather)
+          if (chunk == k.chunk && g != UINT32_MAX) b->AddDep(h, g), g = UINT32_MAX;
       } else if (IsCollective(k.kind)) {
         if (last != last_backward.end()) b->AddDep(h, last->second);
         grad_collectives.push_back(h);

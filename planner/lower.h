@@ -37,12 +37,23 @@ struct GradSyncWorks {
   std::vector<WorkId> reduce;    // per global stage: gradient reduction payload
   std::vector<WorkId> gather;    // per global stage: parameter all-gather (ZeRO >= 1)
   std::vector<WorkId> opt_step;  // per stage (pp rank)
+  // Overlapped reduction (Megatron's overlap_grad_reduce), per global stage: the last
+  // micro-batch's backward as bucket pieces (piece 0 = the last layers, run first) and the
+  // reduction of each bucket, posted as soon as its piece has run. Empty: not overlapped.
+  std::vector<std::vector<WorkId>> bucket_piece, bucket_reduce;
+  // overlap_param_gather: the all-gathers open the step (they fetch the parameters the
+  // previous step's optimizer updated) and each chunk's first forward waits for its own.
+  bool gather_first = false;
 };
 
+// Up to 64 buckets per chunk (tag bits); a bucket is at least one layer.
+inline constexpr int kMaxBuckets = 64;
+
 // Per rank and chunk: gradient reduction over the stage's DP group right after the
-// chunk's last backward (ALL_REDUCE, or REDUCE_SCATTER with ZeRO >= 1); then OPT_STEP;
-// then parameter ALL_GATHER per chunk with ZeRO >= 1. Returns nothing when dp == 1
-// except the optimizer steps.
+// chunk's last backward (ALL_REDUCE, or REDUCE_SCATTER with ZeRO >= 1), or per bucket
+// after each bucket piece of it; then OPT_STEP; then parameter ALL_GATHER per chunk with
+// ZeRO >= 1 (or first in the step with gather_first). Returns nothing when dp == 1 except
+// the optimizer steps.
 // Modality parameters (vision, generator) are sharded over every GPU (FSDP): each rank
 // reduce-scatters their gradients over `all_ranks_group` before its optimizer step.
 struct ModalitySync {
@@ -55,9 +66,11 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
 
 // Adds every op to the builder in sequence order and links dependencies by rule:
 // RECV -> its SEND (by tag); a gradient collective -> the last backward of its module and
-// chunk on the rank; OPT_STEP -> the rank's gradient collectives; ALL_GATHER -> OPT_STEP.
+// chunk on the rank; OPT_STEP -> the rank's gradient collectives; ALL_GATHER -> OPT_STEP;
+// an ALL_GATHER before any compute of its chunk: that chunk's first text F -> it.
 Status Link(std::vector<RankSeq> seqs, TableBuilder* builder);
 
-uint32_t CollectiveTag(OpKind kind, Module module, int32_t chunk);
+// `bucket` < kMaxBuckets: one reduction per bucket of an overlapped gradient reduction.
+uint32_t CollectiveTag(OpKind kind, Module module, int32_t chunk, int bucket = 0);
 
 }  // namespace pipeplan

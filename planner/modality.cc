@@ -428,21 +428,11 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
 std::vector<PieceWork> SplitTask(const VisionTask& t, const std::vector<int>& bounds) {
   std::vector<PieceWork> out;
   const int layers = t.f.layer_end - t.f.layer_begin;
-  auto share = [&](const Work& w, int begin, int end) {
-    const double s = double(end - begin) / layers;
-    Work p = w;
-    p.flops *= s, p.attn_flops *= s, p.model_flops *= s, p.hbm_bytes *= s, p.tp_bytes *= s;
-    p.ep_bytes *= s;
-    p.tp_calls = w.tp_calls * (end - begin) / layers;
-    p.ep_calls = w.ep_calls * (end - begin) / layers;
-    p.kernels = std::max(1, w.kernels * (end - begin) / layers);
-    p.layer_begin = t.f.layer_begin + begin, p.layer_end = t.f.layer_begin + end;
-    return p;
-  };
   for (size_t k = 0; k + 1 < bounds.size(); ++k) {
     const bool last = k + 2 == bounds.size();
     const double act = t.act_bytes * (bounds[k + 1] - bounds[k]) / layers;
-    PieceWork p{share(t.f, bounds[k], bounds[k + 1]), share(t.b, bounds[k], bounds[k + 1])};
+    PieceWork p{LayerShare(t.f, bounds[k], bounds[k + 1]),
+                LayerShare(t.b, bounds[k], bounds[k + 1])};
     p.f.mem_delta_bytes = act + (last ? t.out_bytes : 0);
     p.b.mem_delta_bytes = -p.f.mem_delta_bytes;
     out.push_back(p);

@@ -343,6 +343,31 @@ StatusOr<Table> BuildPlan(const Config& c) {
     sync.reduce.push_back(b.AddWork(reduce));
     sync.gather.push_back(b.AddWork(gather));
   }
+  if (c.training.overlap_grad_reduce && p.dp > 1) {
+    // Buckets of grad_bucket_size parameters, filled from the last layer backwards, each
+    // reduced as soon as the last micro-batch's backward has produced it. A bucket holds
+    // whole layers (the backward is split at layer boundaries), at most kMaxBuckets.
+    for (int g = 0; g < shape.stages(); ++g) {
+      const Work& bw = tw.b[g];
+      const int L = bw.layer_end - bw.layer_begin;
+      const int want = static_cast<int>(
+          std::ceil(tw.params_per_gpu[g] / static_cast<double>(c.training.grad_bucket_size)));
+      const int n = L == 0 ? 1 : std::clamp(want, 1, std::min(L, kMaxBuckets));
+      std::vector<WorkId> pieces, reduces;
+      for (int k = 0; k < n; ++k) {
+        const int lo = L - (k + 1) * L / n, hi = L - k * L / n;
+        const Work piece = L == 0 ? bw : LayerShare(bw, lo, hi);
+        Work reduce;
+        reduce.payload_bytes =
+            tw.params_per_gpu[g] * grad_bytes * (L == 0 ? 1.0 : double(hi - lo) / L);
+        pieces.push_back(b.AddWork(piece));
+        reduces.push_back(b.AddWork(reduce));
+      }
+      sync.bucket_piece.push_back(std::move(pieces));
+      sync.bucket_reduce.push_back(std::move(reduces));
+    }
+    sync.gather_first = c.training.overlap_param_gather;
+  }
   const double shard = c.training.zero_stage >= 1 ? p.dp : 1;
   for (int s = 0; s < p.pp; ++s) {
     // Adam over the rank's shard: reads grad, master, two moments, writes them and the

@@ -106,9 +106,11 @@ Status CheckFlow(const Table& t) {
   if (t.num_ranks() != m.dp * pp)
     return InvalidPlan(
         fmt::format("plan has {} ranks, expected dp*pp = {}", t.num_ranks(), m.dp * pp));
-  // Dense index (rank, chunk, mb) -> op for F, B, RECV_F, RECV_B of text.
+  // Dense index (rank, chunk, mb) -> op for F, B, RECV_F, RECV_B of text, and the last
+  // piece of a backward split into bucket pieces (idx[1] holds its first piece, which
+  // takes the gradient; the last one produces the gradient for the stage before).
   const size_t slots = static_cast<size_t>(t.num_ranks()) * vp * M;
-  std::vector<OpId> idx[4];
+  std::vector<OpId> idx[5];
   for (auto& v : idx) v.assign(slots, UINT32_MAX);
   auto slot = [&](int32_t r, int32_t c, int32_t mb) {
     return (static_cast<size_t>(r) * vp + c) * M + mb;
@@ -135,9 +137,18 @@ Status CheckFlow(const Table& t) {
     if (t.chunk(i) < 0 || t.chunk(i) >= vp || t.mb(i) < 0 || t.mb(i) >= M)
       return InvalidPlan(fmt::format(
           "{}: chunk or micro-batch out of range (vp = {}, micro-batches = {})", t.str(i), vp, M));
-    OpId& s = idx[which][slot(t.rank(i), t.chunk(i), t.mb(i))];
+    const size_t at = slot(t.rank(i), t.chunk(i), t.mb(i));
+    if (which == 1 && t.piece(i) > 0) {  // pieces in order, one after another
+      OpId prev = idx[4][at];
+      if (prev == UINT32_MAX || t.piece(prev) != t.piece(i) - 1)
+        return InvalidPlan(fmt::format("{}: runs before the piece of its later layers", t.str(i)));
+      idx[4][at] = i;
+      continue;
+    }
+    OpId& s = idx[which][at];
     if (s != UINT32_MAX) return InvalidPlan(fmt::format("{}: appears twice", t.str(i)));
     s = i;
+    if (which == 1) idx[4][at] = i;
   }
   auto name = [&](int kind, int32_t r, int32_t c, int32_t mb) {
     return FormatOp(OpKey{r, kind == 0 ? OpKind::kF : OpKind::kB, Module::kText, c, mb});
@@ -182,7 +193,7 @@ Status CheckFlow(const Table& t) {
         }
         if (g < S - 1) {
           const int32_t nr = d * pp + (g + 1) % pp, nc = (g + 1) / pp;
-          RETURN_IF_ERROR(arrives(idx[1][slot(nr, nc, mb)], b, 3));
+          RETURN_IF_ERROR(arrives(idx[4][slot(nr, nc, mb)], b, 3));
         }
       }
     }
@@ -217,8 +228,17 @@ Status CheckModality(const Table& t) {
         at.find(Key{rank, static_cast<int>(mod), static_cast<int>(k), chunk, mb, task, piece});
     return it == at.end() ? UINT32_MAX : it->second;
   };
-  auto text = [&](int32_t rank, OpKind k, int32_t chunk, int32_t mb) {
+  // A text op; a backward split into bucket pieces: its first piece (which takes the
+  // gradient) or, with `last_piece`, its last (which produces the input gradient).
+  auto text = [&](int32_t rank, OpKind k, int32_t chunk, int32_t mb, bool last_piece = false) {
     OpId i = find(rank, Module::kText, k, chunk, mb, -1);
+    if (i != UINT32_MAX || k != OpKind::kB) return i;
+    i = find(rank, Module::kText, k, chunk, mb, -1, 0);
+    for (int32_t p = 1; last_piece && i != UINT32_MAX; ++p) {
+      OpId next = find(rank, Module::kText, k, chunk, mb, -1, p);
+      if (next == UINT32_MAX) break;
+      i = next;
+    }
     return i;
   };
   // `prod` must reach `cons`: earlier on the same rank, or through a RECV of the
@@ -284,7 +304,7 @@ Status CheckModality(const Table& t) {
         if (fwd_op == UINT32_MAX || fwd_op > i)
           return InvalidPlan(
               fmt::format("{}: runs before its vision forward on the same rank", t.str(i)));
-        RETURN_IF_ERROR(arrives(text(consumer, OpKind::kB, 0, mb), i, Module::kVision,
+        RETURN_IF_ERROR(arrives(text(consumer, OpKind::kB, 0, mb, true), i, Module::kVision,
                                 OpKind::kRecvB, t.chunk(i), task, "the gradient from"));
       }
     } else if (t.kind(i) == OpKind::kF) {

@@ -5,8 +5,10 @@
 
 #include "helpers.h"
 #include "planner/plan.h"
+#include "planner/validate.h"
 #include "planner/workload.h"
 #include "simulator/cost_model.h"
+#include "simulator/engine.h"
 #include "simulator/metrics.h"
 
 using namespace pipeplan;
@@ -233,4 +235,69 @@ TEST_CASE("model TFLOP/s per GPU is eq. (3) of Narayanan et al. (SC21)") {
   CHECK(r->metrics.megatron_mfu ==
         doctest::Approx(
             model / (r->metrics.step_time_s * r->metrics.world_gpus * c.cluster.spec.bf16_flops)));
+}
+
+TEST_CASE(
+    "training.overlap_grad_reduce: each bucket is reduced as soon as its layers' backward ran") {
+  // One GPU per node, dp = 2, pp = 1: the reduction crosses the NIC. 2 layers, buckets of
+  // one parameter: one bucket per layer (a bucket holds whole layers), so the last
+  // micro-batch's backward runs as 2 pieces and each piece's gradients are reduced on the
+  // collective stream while the next piece computes (Megatron's overlap_grad_reduce).
+  const std::vector<std::string> base = {"cluster.gpus_per_node=1", "cluster.nodes=2"};
+  auto sets = base;
+  sets.insert(sets.end(), {"training.overlap_grad_reduce=true", "training.grad_bucket_size=1"});
+  Config c = SmallConfig(PipelineKind::k1F1B, 1, 1, 2, 2, sets);
+  Config plain = SmallConfig(PipelineKind::k1F1B, 1, 1, 2, 2, base);
+  Table t = Plan(c), t0 = Plan(plain);
+  REQUIRE(ValidatePlan(t).ok());
+  CostModel cost = CostModel::Real(c.cluster.spec);
+  auto d = cost.Durations(t), d0 = cost.Durations(t0);
+  auto tl = Simulate(t, d), tl0 = Simulate(t0, d0);
+  REQUIRE(tl.ok());
+  REQUIRE(tl0.ok());
+  // The pieces are the whole backward, split by layers; the buckets' payloads add up to
+  // the chunk's gradients (fp32).
+  const OpId p0 = Find(t, "r0 B c0 m1 p0"), p1 = Find(t, "r0 B c0 m1 p1");
+  const OpId rs0 = Find(t, "r0 REDUCE_SCATTER c0 p0 @g0"),
+             rs1 = Find(t, "r0 REDUCE_SCATTER c0 p1 @g0");
+  CHECK(t.work(p0).flops + t.work(p1).flops ==
+        doctest::Approx(t0.work(Find(t0, "r0 B c0 m1")).flops));
+  CHECK(t.work(rs0).payload_bytes + t.work(rs1).payload_bytes ==
+        doctest::Approx(t0.work(Find(t0, "r0 REDUCE_SCATTER c0 @g0")).payload_bytes));
+  // The runtime's order, computed here: bucket k starts when its piece has ended and the
+  // collective stream is free; the optimizer waits for both, the all-gather for it.
+  const double e0 = tl->end[p0] + d[rs0];
+  const double e1 = std::max(tl->end[p1], e0) + d[rs1];
+  const OpId opt = Find(t, "r0 OPT_STEP"), ag = Find(t, "r0 ALL_GATHER c0 @g0");
+  CHECK(tl->start[rs0] == doctest::Approx(tl->end[p0]));
+  CHECK(tl->end[rs1] == doctest::Approx(e1));
+  CHECK(tl->Makespan() == doctest::Approx(std::max(e1, tl->end[p1]) + d[opt] + d[ag]));
+  // Without overlap the whole reduction follows the whole backward.
+  const OpId b = Find(t0, "r0 B c0 m1"), rs = Find(t0, "r0 REDUCE_SCATTER c0 @g0");
+  CHECK(tl0->start[rs] == doctest::Approx(tl0->end[b]));
+  CHECK(tl->Makespan() < tl0->Makespan());
+}
+
+TEST_CASE(
+    "training.overlap_param_gather: the all-gathers open the step, each chunk's forward waits") {
+  Config c =
+      SmallConfig(PipelineKind::kInterleaved1F1B, 2, 2, 4, 2,
+                  {"training.overlap_grad_reduce=true", "training.overlap_param_gather=true"});
+  Table t = Plan(c);
+  REQUIRE(ValidatePlan(t).ok());
+  auto tl = Simulate(t, CostModel::Real(c.cluster.spec).Durations(t));
+  REQUIRE(tl.ok());
+  for (int chunk : {0, 1}) {
+    const OpId ag = Find(t, fmt::format("r0 ALL_GATHER c{} @g0", chunk));
+    const OpId f = Find(t, fmt::format("r0 F c{} m0", chunk));
+    CHECK(ag < f);
+    CHECK(tl->start[f] >= tl->end[ag]);
+  }
+  // It needs the distributed optimizer and the overlapped reduction, as in Megatron.
+  auto bad = LoadConfigFromString(
+      "cluster: {gpu: H100, nodes: 1}\nmodel: {llm: {layers: 2, hidden: 256, ffn: 1024, heads: "
+      "4, vocab: 1000}}\ntraining: {seq_length: 128, microbatches: 1, overlap_param_gather: "
+      "true}\n");
+  REQUIRE(!bad.ok());
+  CHECK(bad.status().message().find("overlap_grad_reduce") != std::string::npos);
 }

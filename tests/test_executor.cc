@@ -42,6 +42,23 @@ TEST_CASE("gradient equivalence: gpipe, 1f1b, interleaved 1f1b, with data parall
   ExpectEquivalent(Plan(SmallConfig(PipelineKind::k1F1B, 1, 1, 3, 2)));  // one stage
 }
 
+TEST_CASE("gradient equivalence: uneven stages, bucketed overlapped gradient reduction") {
+  // Layers 2 | 3 | 1 | 2 over pp = 4; bucket pieces of the last backward each reduce their
+  // own layers over DP; the parameter all-gathers open the step.
+  const std::vector<std::string> uneven = {
+      "parallelism.pipeline_model_parallel_layout=Et*2|t*3|t|t*2L"};
+  ExpectEquivalent(Plan(SmallConfig(PipelineKind::k1F1B, 4, 1, 8, 2, uneven)));
+  for (bool gather : {false, true}) {
+    CAPTURE(gather);
+    std::vector<std::string> sets = {
+        "training.overlap_grad_reduce=true", "training.grad_bucket_size=1",
+        std::string("training.overlap_param_gather=") + (gather ? "true" : "false")};
+    ExpectEquivalent(Plan(SmallConfig(PipelineKind::kInterleaved1F1B, 4, 2, 8, 2, sets)));
+    sets.push_back(uneven[0]);
+    ExpectEquivalent(Plan(SmallConfig(PipelineKind::k1F1B, 4, 1, 8, 2, sets)));
+  }
+}
+
 TEST_CASE("gradient equivalence: every modality policy, with a generator and with DEP recompute") {
   for (std::string policy : {"inline", "decoupled", "nested", "bubble-fill", "optimus"}) {
     CAPTURE(policy);
