@@ -62,6 +62,10 @@ struct RankInfo {
   int32_t first_gpu = 0;  // global index of the rank's first GPU (Megatron order tp-cp-dp-pp)
   int32_t node = 0;       // node of the first GPU
   double params[3] = {0, 0, 0};  // parameters held per GPU, by module (text, vision, generator)
+  // Ranks over which a module's fp32 gradients (ZeRO-2) and optimizer states (ZeRO >= 1)
+  // are further sharded: text: dp; a replicated encoder: its sync group; FSDP: 1 (`params`
+  // are already shards).
+  double state_shard[3] = {1, 1, 1};
   friend bool operator==(const RankInfo&, const RankInfo&) = default;
 };
 

@@ -144,6 +144,7 @@ std::string SerializePb(const Table& table) {
     pr->set_dp(r.dp), pr->set_pp(r.pp), pr->set_gpus(r.gpus), pr->set_first_gpu(r.first_gpu);
     pr->set_node(r.node);
     for (double v : r.params) pr->add_params(v);
+    for (double v : r.state_shard) pr->add_state_shard(v);
   }
   for (int32_t r = 0; r < t.num_ranks(); ++r) p.add_rank_op_count(t.rank_end(r) - t.rank_begin(r));
   for (const Work& w : t.works()) {
@@ -196,6 +197,9 @@ StatusOr<Table> ParsePb(const std::string& bytes) {
   for (const auto& pr : p.ranks()) {
     RankInfo r{pr.dp(), pr.pp(), pr.gpus(), pr.first_gpu(), pr.node(), {0, 0, 0}};
     for (int i = 0; i < std::min(3, pr.params_size()); ++i) r.params[i] = pr.params(i);
+    r.state_shard[0] = pm.dp;  // plans written before state_shard: the text shards over DP
+    for (int i = 0; i < std::min(3, pr.state_shard_size()); ++i)
+      r.state_shard[i] = pr.state_shard(i);
     c.ranks().push_back(r);
   }
   if (!Prefix(p.rank_op_count(), &c.rank_begin())) return InvalidInput("plan rank index overflows");
@@ -239,7 +243,8 @@ std::string ToJson(const Table& t) {
                      {"gpus", r.gpus},
                      {"first_gpu", r.first_gpu},
                      {"node", r.node},
-                     {"params", {r.params[0], r.params[1], r.params[2]}}});
+                     {"params", {r.params[0], r.params[1], r.params[2]}},
+                     {"state_shard", {r.state_shard[0], r.state_shard[1], r.state_shard[2]}}});
   j["ranks"] = std::move(ranks);
   json works = json::array();
   for (const Work& w : t.works()) works.push_back(WorkToJson(w));
@@ -272,6 +277,9 @@ StatusOr<Table> FromJson(const std::string& text) {
     for (const json& r : j.at("ranks")) {
       RankInfo ri{r.at("dp"), r.at("pp"), r.at("gpus"), r.at("first_gpu"), r.at("node"), {}};
       for (int k = 0; k < 3; ++k) ri.params[k] = r.at("params").at(k);
+      ri.state_shard[0] = c.meta().dp;  // plans written before state_shard: text over DP
+      if (r.contains("state_shard"))
+        for (int k = 0; k < 3; ++k) ri.state_shard[k] = r.at("state_shard").at(k);
       c.ranks().push_back(ri);
     }
     for (const json& w : j.at("works")) c.works().push_back(WorkFromJson(w));

@@ -29,14 +29,17 @@ CheckResult CompareWithReference(const Table& t, const TinyModel& model,
     const Tensor& g = grads[owner[layer]].text;
     std::copy(g.begin() + dd * layer, g.begin() + dd * (layer + 1), text.begin() + dd * layer);
   }
-  // Modality gradients: reduced over every rank when the plan syncs them, else summed here.
-  bool synced[3] = {false, false, false};
+  // Modality gradients: when the plan syncs them, a member of the sync group holds their
+  // sum over the group (every rank that has any); else summed here.
+  int32_t synced[3] = {-1, -1, -1};
   for (OpId i = 0; i < t.size(); ++i)
-    if (IsCollective(t.kind(i)) && t.module(i) != Module::kText)
-      synced[static_cast<int>(t.module(i))] = true;
+    if (IsCollective(t.kind(i)) && t.kind(i) != OpKind::kAllGather && t.module(i) != Module::kText)
+      synced[static_cast<int>(t.module(i))] = t.rank(i);
   auto modality = [&](Module m) {
     ParamSet sum = model.ZeroGrads();
-    for (size_t r = 0; r < (synced[static_cast<int>(m)] ? 1 : grads.size()); ++r) {
+    const int32_t member = synced[static_cast<int>(m)];
+    for (size_t r = 0; r < grads.size(); ++r) {
+      if (member >= 0 && static_cast<int32_t>(r) != member) continue;
       ParamSet g = grads[r];
       for (size_t k = 0; k < sum.of(m).size(); ++k) sum.of(m)[k] += g.of(m)[k];
     }

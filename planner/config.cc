@@ -19,6 +19,7 @@ constexpr std::string_view kModalityNames[] = {"inline", "decoupled", "nested", 
                                                "optimus"};
 constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
 constexpr std::string_view kAttentionNames[] = {"flash", "unfused"};
+constexpr std::string_view kPlacementNames[] = {"fsdp", "replicated"};
 constexpr std::string_view kPrecisionNames[] = {"bf16", "fp16", "fp8"};
 constexpr std::string_view kGradDtypeNames[] = {"fp32", "bf16", "fp16"};
 
@@ -272,6 +273,8 @@ void ReadModel(MapReader m, ModelConfig* c) {
     v.Bool({"cp"}, &vc.cp);
     v.Int({"cp_threshold_patches"}, &vc.cp_threshold_patches, 1);
     v.Int({"cp_max_group"}, &vc.cp_max_group, 1);
+    v.Enum({"placement"}, &vc.placement, kPlacementNames);
+    v.Int({"tp"}, &vc.tp, 1, false, kMaxParallel);
     v.Finish();
   }
   if (m.Has({"generator"})) {
@@ -284,6 +287,7 @@ void ReadModel(MapReader m, ModelConfig* c) {
     g.Int({"heads"}, &gc.heads, 1, true);
     g.Int({"latent_patch"}, &gc.latent_patch, 1);
     g.Enum({"recompute"}, &gc.recompute, kRecomputeNames);
+    g.Enum({"placement"}, &gc.placement, kPlacementNames);
     g.Finish();
   }
   m.Finish();
@@ -611,6 +615,13 @@ void CheckConsistency(Config* c, Ctx* ctx) {
   if (t.overlap_param_gather && (t.zero_stage < 1 || !t.overlap_grad_reduce))
     return ctx->FailAt("training.overlap_param_gather",
                        "overlap_param_gather needs zero_stage >= 1 and overlap_grad_reduce");
+  const int vtp = c->model.vision.tp;
+  if (c->model.vision.enabled &&
+      (vtp > p.tp * p.cp || (p.tp * p.cp) % vtp != 0 || c->model.vision.heads % vtp != 0))
+    return ctx->FailAt("model.vision.tp",
+                       fmt::format("vision tp = {} must divide the rank's tp*cp = {} GPUs and the "
+                                   "encoder's {} heads",
+                                   vtp, p.tp * p.cp, c->model.vision.heads));
   const bool multimodal = c->model.vision.enabled || c->model.generator.enabled;
   if (!multimodal &&
       (!c->data.images.empty() || !c->data.manifest.empty() || c->data.images_per_sample > 0))

@@ -35,8 +35,16 @@ struct LlmConfig {
 
 enum class Recompute { kNone, kSelective, kFull };
 
+// Where a modality's parameters live. fsdp: sharded over every GPU of the job, gathered
+// before the step's first use, gradients reduce-scattered over the job. replicated: a full
+// copy (split over the module's tp) on every rank that runs the module, gradients
+// all-reduced (reduce-scattered with ZeRO >= 1) over those ranks.
+enum class ParamPlacement { kFsdp, kReplicated };
+
 struct VisionConfig {
   bool enabled = false;
+  ParamPlacement placement = ParamPlacement::kFsdp;
+  int tp = 1;                                   // encoder tensor parallelism inside a rank's GPUs
   Recompute recompute = Recompute::kSelective;  // activations kept for the encoder backward
   int layers = 0, hidden = 0, mlp = 0, heads = 0;
   int patch = 14;  // patch side, pixels
@@ -50,6 +58,7 @@ struct VisionConfig {
 
 struct GeneratorConfig {
   bool enabled = false;
+  ParamPlacement placement = ParamPlacement::kFsdp;
   int layers = 0, hidden = 0, mlp = 0, heads = 0;
   int latent_patch = 16;  // pixels per latent token side (VAE 8x downsampling x 2x2 patchify)
   Recompute recompute = Recompute::kSelective;

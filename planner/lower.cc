@@ -68,7 +68,7 @@ void AddSendRecv(std::vector<RankSeq>* seqs, const PipelineShape& shape, WorkId 
 
 void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zero_stage,
                  const GradSyncWorks& works, const std::vector<int32_t>& dp_group_of_stage,
-                 const std::vector<ModalitySync>& modality, int32_t all_ranks_group) {
+                 const std::vector<ModalitySync>& modality) {
   const bool sync = shape.dp > 1;
   const OpKind reduce = zero_stage >= 1 ? OpKind::kReduceScatter : OpKind::kAllReduce;
   const bool buckets = sync && !works.bucket_piece.empty();
@@ -87,9 +87,18 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
       }
     };
     const bool gather = sync && zero_stage >= 1;
+    std::vector<const ModalitySync*> mine;  // this rank's modality syncs
+    for (const ModalitySync& m : modality)
+      if (m.member[r]) mine.push_back(&m);
+    auto modality_op = [&](const ModalitySync& m, OpKind kind, WorkId work, RankSeq* out) {
+      out->push_back(
+          {OpKey{r, kind, m.module, -1, -1, -1, m.group}, work, CollectiveTag(kind, m.module, -1)});
+    };
     RankSeq out;
-    out.reserve(seq.size() + (3 + kMaxBuckets) * shape.vp + 1);
+    out.reserve(seq.size() + (3 + kMaxBuckets) * shape.vp + 2 * mine.size() + 1);
     if (gather && works.gather_first) gathers(&out);
+    for (const ModalitySync* m : mine)
+      if (m->gather_first) modality_op(*m, OpKind::kAllGather, m->gather_work, &out);
     for (const PendingOp& op : seq) {
       const bool text_b = op.key.module == Module::kText && op.key.kind == OpKind::kB;
       const bool last = sync && text_b && --backwards_left[op.key.chunk] == 0;
@@ -112,12 +121,12 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
         out.push_back({ck, works.reduce[g], CollectiveTag(reduce, Module::kText, op.key.chunk)});
       }
     }
-    if (all_ranks_group >= 0)
-      for (const ModalitySync& m : modality)
-        out.push_back({OpKey{r, OpKind::kReduceScatter, m.module, -1, -1, -1, all_ranks_group},
-                       m.work, CollectiveTag(OpKind::kReduceScatter, m.module, -1)});
+    for (const ModalitySync* m : mine) modality_op(*m, m->reduce, m->reduce_work, &out);
     out.push_back({OpKey{r, OpKind::kOptStep, Module::kOptimizer}, works.opt_step[s]});
     if (gather && !works.gather_first) gathers(&out);
+    for (const ModalitySync* m : mine)
+      if (!m->gather_first && m->gather_work >= 0)
+        modality_op(*m, OpKind::kAllGather, m->gather_work, &out);
     seq = std::move(out);
   }
 }
@@ -135,7 +144,8 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
     std::vector<std::pair<int64_t, TableBuilder::Handle>> last_backward;
     std::vector<TableBuilder::Handle> grad_collectives;
     TableBuilder::Handle opt_step = UINT32_MAX;
-    std::vector<std::pair<int32_t, TableBuilder::Handle>> early_gather;  // (chunk, op)
+    // All-gathers that open the step: (module, chunk or -1 for a modality, op).
+    std::vector<std::tuple<Module, int32_t, TableBuilder::Handle>> early_gather;
     for (const PendingOp& op : seq) {
       const OpKey& k = op.key;
       TableBuilder::Handle h = b->AddAndAppend(k, op.work, op.tag);
@@ -158,11 +168,12 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
         for (TableBuilder::Handle c : grad_collectives) b->AddDep(h, c);
       } else if (k.kind == OpKind::kAllGather && opt_step != UINT32_MAX) {
         b->AddDep(h, opt_step);
-      } else if (k.kind == OpKind::kAllGather && k.module == Module::kText) {
-        early_gather.push_back({k.chunk, h});
-      } else if (k.kind == OpKind::kF && k.module == Module::kText) {
-        for (auto& [chunk, g] : early_gather)
-          if (chunk == k.chunk && g != UINT32_MAX) b->AddDep(h, g), g = UINT32_MAX;
+      } else if (k.kind == OpKind::kAllGather) {
+        early_gather.push_back({k.module, k.module == Module::kText ? k.chunk : -1, h});
+      } else if (k.kind == OpKind::kF) {
+        const int32_t c = k.module == Module::kText ? k.chunk : -1;
+        for (auto& [module, chunk, g] : early_gather)
+          if (module == k.module && chunk == c && g != UINT32_MAX) b->AddDep(h, g), g = UINT32_MAX;
       } else if (IsCollective(k.kind)) {
         if (last != last_backward.end()) b->AddDep(h, last->second);
         grad_collectives.push_back(h);

@@ -54,15 +54,24 @@ inline constexpr int kMaxBuckets = 64;
 // after each bucket piece of it; then OPT_STEP; then parameter ALL_GATHER per chunk with
 // ZeRO >= 1 (or first in the step with gather_first). Returns nothing when dp == 1 except
 // the optimizer steps.
-// Modality parameters (vision, generator) are sharded over every GPU (FSDP): each rank
-// reduce-scatters their gradients over `all_ranks_group` before its optimizer step.
+// A modality's parameters (vision, generator) synchronised over `group`: the reduction
+// comes after the rank's text ops, before its optimizer step (the same place on every
+// rank: ranks post their collectives in one order, and a member's text reductions do not
+// wait behind a group-wide one); an all-gather opens the step (FSDP: the module's first
+// forward waits for it) or follows the optimizer step (a replicated module with ZeRO >= 1);
+// gather_work = -1: none.
 struct ModalitySync {
   Module module;
-  WorkId work;
+  OpKind reduce = OpKind::kReduceScatter;
+  WorkId reduce_work = 0;
+  int64_t gather_work = -1;
+  bool gather_first = false;
+  int32_t group = -1;
+  std::vector<bool> member;  // per rank
 };
 void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zero_stage,
                  const GradSyncWorks& works, const std::vector<int32_t>& dp_group_of_stage,
-                 const std::vector<ModalitySync>& modality = {}, int32_t all_ranks_group = -1);
+                 const std::vector<ModalitySync>& modality = {});
 
 // Adds every op to the builder in sequence order and links dependencies by rule:
 // RECV -> its SEND (by tag); a gradient collective -> the last backward of its module and

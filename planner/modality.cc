@@ -234,6 +234,17 @@ VisionTask TaskFromLoad(const Config& c, const GpuLoad& load, double model_flops
   t.b.attn_flops = (v.recompute == Recompute::kFull ? 3 : 2) * t.f.attn_flops;
   t.b.model_flops = 2 * model_flops, t.b.hbm_bytes = 2 * t.f.hbm_bytes;
   t.b.tp_bytes = 2 * t.f.tp_bytes, t.b.tp_calls = 2 * t.f.tp_calls, t.b.kernels = 2 * t.f.kernels;
+  if (v.tp > 1) {
+    // Encoder tensor parallelism (model.vision.tp): a TP group runs the images its GPUs
+    // would have run one by one, with Megatron's 2 all-reduces per layer in the forward and
+    // 2 in the backward (again in a full-recompute forward), each 2(t-1)/t of the group's
+    // activations (bf16) per GPU.
+    const double t_ = v.tp, group_patches = patches / gpus * t_;
+    const double ar = 2 * (t_ - 1) / t_ * group_patches * v.hidden * kBf16;
+    const int again = v.recompute == Recompute::kFull ? 2 : 1;
+    t.f.tp_bytes += 2 * v.layers * ar, t.f.tp_calls += 2 * v.layers;
+    t.b.tp_bytes += again * 2 * v.layers * ar, t.b.tp_calls += again * 2 * v.layers;
+  }
   if (recompute_outputs_only) {
     t.f.mem_delta_bytes = t.out_bytes;
     t.recompute = t.f;

@@ -196,8 +196,8 @@ StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const L
 
 Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch& batch,
                    const std::vector<StageOrder>& orders, const TextWorkload& tw,
-                   const std::vector<RankInfo>& ranks, TableBuilder* b, std::vector<RankSeq>* seqs,
-                   std::vector<ModalitySync>* sync) {
+                   const std::vector<RankInfo>& ranks, TableBuilder* b,
+                   std::vector<RankSeq>* seqs) {
   const ModalityPolicy policy = c.schedule.modality;
   const bool decoupled = policy == ModalityPolicy::kDecoupled;
   // Nested, bubble-fill and optimus are placed by the list scheduler; the generator is
@@ -261,16 +261,48 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
       break;
   }
   auto generator = PlaceGenerator(shape, w);
-  RETURN_IF_ERROR(InsertModality(seqs, shape, w, ids, vision, generator, shards, b));
-  // Gradients of the FSDP-sharded modality parameters: full fp32 gradient in, shard out.
-  for (auto [module, params] : {std::pair{Module::kVision, w.vision_params},
-                                std::pair{Module::kGenerator, w.generator_params}}) {
-    if (params <= 0) continue;
-    Work reduce;
-    reduce.payload_bytes = params * 4;
-    sync->push_back({module, b->AddWork(reduce)});
+  return InsertModality(seqs, shape, w, ids, vision, generator, shards, b);
+}
+
+// Where a modality's parameters live (ParamPlacement): the ranks that hold them and sync
+// their gradients, and the parameters each holds per GPU.
+struct ModalityLayout {
+  Module module;
+  ParamPlacement placement;
+  double params = 0;  // the whole module
+  int tp = 1;         // GPUs of a rank one copy is split over (replicated)
+  std::vector<bool> member;
+  double per_gpu(int32_t r, double world) const {
+    if (placement == ParamPlacement::kFsdp) return params / world;
+    return member[r] ? params / tp : 0;
   }
-  return Status::Ok();
+  int members() const { return static_cast<int>(std::count(member.begin(), member.end(), true)); }
+};
+
+// FSDP spans the job. A replicated encoder lives on the ranks that run it: the first
+// stages under `inline`, every rank otherwise (decoupled and the list-scheduled policies
+// place encoder work anywhere); the generator on the last stages, or on every rank when
+// the list-scheduled policies split it over its replica.
+std::vector<ModalityLayout> ModalityLayouts(const Config& c, const std::vector<RankInfo>& ranks,
+                                            const ModalityWork& params_only) {
+  const ModalityPolicy policy = c.schedule.modality;
+  const bool listed = policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill ||
+                      policy == ModalityPolicy::kOptimus;
+  std::vector<ModalityLayout> out;
+  auto add = [&](Module m, ParamPlacement placement, double params, int tp, auto holds) {
+    if (params <= 0) return;
+    ModalityLayout l{m, placement, params, tp, std::vector<bool>(ranks.size(), true)};
+    if (placement == ParamPlacement::kReplicated)
+      for (size_t r = 0; r < ranks.size(); ++r) l.member[r] = holds(ranks[r]);
+    out.push_back(std::move(l));
+  };
+  add(Module::kVision, c.model.vision.placement, params_only.vision_params, c.model.vision.tp,
+      [&](const RankInfo& r) { return policy != ModalityPolicy::kInline || r.pp == 0; });
+  add(Module::kGenerator, c.model.generator.placement, params_only.generator_params, c.parallel.tp,
+      [&](const RankInfo& r) {
+        return (listed && c.parallel.pp > 1) || r.pp == c.parallel.pp - 1;
+      });
+  return out;
 }
 
 }  // namespace
@@ -284,6 +316,7 @@ std::vector<RankInfo> MakeRanks(const Config& c) {
     for (int s = 0; s < p.pp; ++s) {
       RankInfo r;
       r.dp = d, r.pp = s, r.gpus = gpus;
+      r.state_shard[0] = p.dp;  // text gradients and optimizer states shard over DP (ZeRO)
       r.first_gpu = s * p.dp * gpus + d * gpus;
       r.node = r.first_gpu / c.cluster.gpus_per_node;
       ranks.push_back(r);
@@ -324,10 +357,15 @@ StatusOr<Table> BuildPlan(const Config& c) {
   const double world = c.world();
   ModalityWork params_only =
       Multimodal(c) ? BuildModalityWork(c, StepBatch{}, VisionPool{}, false) : ModalityWork{};
-  for (RankInfo& r : ranks) {
-    for (int ch = 0; ch < p.vp; ++ch) r.params[0] += tw.params_per_gpu[ch * p.pp + r.pp];
-    r.params[1] = params_only.vision_params / world;  // FSDP shards over every GPU
-    r.params[2] = params_only.generator_params / world;
+  const std::vector<ModalityLayout> layouts = ModalityLayouts(c, ranks, params_only);
+  for (int32_t r = 0; r < static_cast<int32_t>(ranks.size()); ++r) {
+    for (int ch = 0; ch < p.vp; ++ch)
+      ranks[r].params[0] += tw.params_per_gpu[ch * p.pp + ranks[r].pp];
+    for (const ModalityLayout& l : layouts) {
+      const int m = static_cast<int>(l.module);
+      ranks[r].params[m] = l.per_gpu(r, world);
+      if (l.placement == ParamPlacement::kReplicated) ranks[r].state_shard[m] = l.members();
+    }
   }
   TableBuilder b(ranks);
 
@@ -368,15 +406,15 @@ StatusOr<Table> BuildPlan(const Config& c) {
     }
     sync.gather_first = c.training.overlap_param_gather;
   }
-  const double shard = c.training.zero_stage >= 1 ? p.dp : 1;
   for (int s = 0; s < p.pp; ++s) {
-    // Adam over the rank's shard: reads grad, master, two moments, writes them and the
-    // bf16 weight: about 34 bytes and 10 FLOPs per parameter.
-    double params = (ranks[s].params[1] + ranks[s].params[2]) * shard;
-    for (int ch = 0; ch < p.vp; ++ch) params += tw.params_per_gpu[ch * p.pp + s];
+    // Adam over the parameters whose optimizer states the GPU holds: reads grad, master,
+    // two moments, writes them and the bf16 weight: about 34 bytes and 10 FLOPs each.
+    double params = 0;
+    for (int m = 0; m < 3; ++m)
+      params += ranks[s].params[m] / (c.training.zero_stage >= 1 ? ranks[s].state_shard[m] : 1);
     Work opt;
-    opt.hbm_bytes = 34 * params / shard;
-    opt.flops = 10 * params / shard * p.tp * p.cp;
+    opt.hbm_bytes = 34 * params;
+    opt.flops = 10 * params * p.tp * p.cp;
     opt.kernels = 4;
     sync.opt_step.push_back(b.AddWork(opt));
   }
@@ -395,17 +433,34 @@ StatusOr<Table> BuildPlan(const Config& c) {
 
   std::vector<RankSeq> seqs = ExpandStages(orders, shape, f_work, b_work);
   std::vector<ModalitySync> modality_sync;
-  int32_t all_ranks = -1;
   if (Multimodal(c)) {
-    RETURN_IF_ERROR(AddModality(c, shape, batch, orders, tw, ranks, &b, &seqs, &modality_sync));
-    if (!modality_sync.empty() && ranks.size() > 1) {
-      std::vector<int32_t> members(ranks.size());
-      for (size_t r = 0; r < ranks.size(); ++r) members[r] = static_cast<int32_t>(r);
-      all_ranks = b.AddGroup(std::move(members));
+    RETURN_IF_ERROR(AddModality(c, shape, batch, orders, tw, ranks, &b, &seqs));
+    // FSDP: full gradients reduce-scattered over the job, full bf16 parameters gathered
+    // before the step's first use. Replicated: the copy's gradients all-reduced over its
+    // holders (reduce-scattered with ZeRO >= 1, the updated shards gathered after the
+    // optimizer step).
+    for (const ModalityLayout& l : layouts) {
+      if (l.members() < 2) continue;
+      ModalitySync ms{l.module};
+      ms.member = l.member;
+      std::vector<int32_t> members;
+      for (int32_t r = 0; r < static_cast<int32_t>(ranks.size()); ++r)
+        if (l.member[r]) members.push_back(r);
+      ms.group = b.AddGroup(std::move(members));
+      const bool fsdp = l.placement == ParamPlacement::kFsdp;
+      const double copy = fsdp ? l.params : l.params / l.tp;
+      Work reduce, gather;
+      reduce.payload_bytes = copy * grad_bytes;
+      gather.payload_bytes = copy * 2;
+      ms.reduce = fsdp || c.training.zero_stage >= 1 ? OpKind::kReduceScatter : OpKind::kAllReduce;
+      ms.reduce_work = b.AddWork(reduce);
+      if (fsdp || c.training.zero_stage >= 1) ms.gather_work = b.AddWork(gather);
+      ms.gather_first = fsdp;
+      modality_sync.push_back(std::move(ms));
     }
   }
   AddSendRecv(&seqs, shape, p2p_work);
-  AddGradSync(&seqs, shape, c.training.zero_stage, sync, dp_group, modality_sync, all_ranks);
+  AddGradSync(&seqs, shape, c.training.zero_stage, sync, dp_group, modality_sync);
   RETURN_IF_ERROR(Link(std::move(seqs), &b));
 
   PlanMeta meta;

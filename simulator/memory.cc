@@ -29,18 +29,18 @@ const char* MemCatName(int cat) {
 std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const MemoryOptions& o,
                                       bool with_curves) {
   std::vector<RankMemory> out(t.num_ranks());
-  const double dp = std::max(1, t.meta().dp);
   std::vector<OpId> order;
   for (int32_t r = 0; r < t.num_ranks(); ++r) {
     const RankInfo& ri = t.ranks()[r];
-    // Text parameters are sharded by the ZeRO stage over DP; modality parameters are
-    // already per-GPU shards (FSDP over every GPU).
-    const double text = ri.params[0], modal = ri.params[1] + ri.params[2];
+    // bf16 weights, fp32 main gradients (sharded with ZeRO-2), fp32 master and two moments
+    // (sharded with ZeRO >= 1), each over the module's state_shard ranks.
     std::array<double, kNumMemCats> cur{};
-    cur[kWeights] = 2 * (text + modal);                                 // bf16 weights
-    cur[kGrads] = 4 * text / (o.zero_stage >= 2 ? dp : 1) + 4 * modal;  // fp32 main grads
-    cur[kOptimizer] =
-        12 * text / (o.zero_stage >= 1 ? dp : 1) + 12 * modal;  // fp32 master + 2 moments
+    for (int m = 0; m < 3; ++m) {
+      const double p = ri.params[m], shard = std::max(1.0, ri.state_shard[m]);
+      cur[kWeights] += 2 * p;
+      cur[kGrads] += 4 * p / (o.zero_stage >= 2 ? shard : 1);
+      cur[kOptimizer] += 12 * p / (o.zero_stage >= 1 ? shard : 1);
+    }
     cur[kReserve] = o.reserve_bytes;
     RankMemory& rm = out[r];
     // Ops with a memory effect, in order of their end time (ties: sequence order).

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include "helpers.h"
+#include "planner/data.h"
+#include "planner/modality.h"
 #include "planner/plan.h"
 #include "planner/validate.h"
 #include "planner/workload.h"
@@ -28,6 +30,14 @@ StatusOr<Config> LoadConfigFromString(const std::string& yaml) {
   auto doc = YamlDoc::FromString("cfg.yaml", yaml);
   if (!doc.ok()) return doc.status();
   return ParseConfig(std::move(doc).value());
+}
+
+// The first op of `kind` and `module` on rank r (collectives: their group ids vary).
+OpId FindOn(const Table& t, int32_t r, OpKind kind, Module module) {
+  for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i)
+    if (t.kind(i) == kind && t.module(i) == module) return i;
+  FAIL("no such op on rank " << r);
+  return 0;
 }
 
 const Work& FirstWork(const Table& t, const std::string& op) {
@@ -300,4 +310,92 @@ TEST_CASE(
       "true}\n");
   REQUIRE(!bad.ok());
   CHECK(bad.status().message().find("overlap_grad_reduce") != std::string::npos);
+}
+
+TEST_CASE("model.vision.placement: FSDP over the job, or a copy on the ranks that run it") {
+  // MultimodalConfig: pp = 4, dp = 2, one GPU per rank (8 GPUs). Encoder parameters P.
+  const double P =
+      BuildModalityWork(MultimodalConfig("inline"), StepBatch{}, VisionPool{}, false).vision_params;
+  REQUIRE(P > 0);
+  {  // FSDP: a 1/8 shard per GPU; full gradients reduce-scattered over all 8 ranks; the
+     // full bf16 parameters gathered before the rank's first encoder forward.
+    Table t = Plan(MultimodalConfig("inline"));
+    REQUIRE(ValidatePlan(t).ok());
+    for (const RankInfo& r : t.ranks()) CHECK(r.params[1] == doctest::Approx(P / 8));
+    const OpId rs = FindOn(t, 0, OpKind::kReduceScatter, Module::kVision),
+               ag = FindOn(t, 0, OpKind::kAllGather, Module::kVision);
+    CHECK(t.group(t.peer(rs)).size() == 8);
+    CHECK(t.work(rs).payload_bytes == doctest::Approx(4 * P));
+    CHECK(t.work(ag).payload_bytes == doctest::Approx(2 * P));
+    CHECK(ag == t.rank_begin(0));  // opens the step
+    auto tl = Simulate(t, CostModel::Real(MultimodalConfig("inline").cluster.spec).Durations(t));
+    REQUIRE(tl.ok());
+    for (OpId i = t.rank_begin(0); i < t.rank_end(0); ++i)
+      if (t.module(i) == Module::kVision && t.kind(i) == OpKind::kF)
+        CHECK(tl->start[i] >= tl->end[ag]);
+  }
+  {  // Replicated under inline: a copy on each first stage (ranks 0 and 4), its gradients
+     // reduce-scattered over those two (ZeRO-1, bf16 here), the shards gathered after the
+     // optimizer step; the optimizer states of the copy split over the two.
+    Config c = MultimodalConfig(
+        "inline", {"model.vision.placement=replicated", "training.grad_reduce_dtype=bf16"});
+    Table t = Plan(c);
+    REQUIRE(ValidatePlan(t).ok());
+    for (const RankInfo& r : t.ranks()) {
+      CAPTURE(r.pp);
+      CHECK(r.params[1] == doctest::Approx(r.pp == 0 ? P : 0));
+      if (r.pp == 0) CHECK(r.state_shard[1] == 2);
+    }
+    const OpId rs = FindOn(t, 0, OpKind::kReduceScatter, Module::kVision);
+    CHECK(t.group(t.peer(rs)).size() == 2);
+    CHECK(t.work(rs).payload_bytes == doctest::Approx(2 * P));
+    CHECK(FindOn(t, 0, OpKind::kAllGather, Module::kVision) > Find(t, "r0 OPT_STEP"));
+    auto r = RunSimulation(t, SimOptionsFor(c, false));
+    REQUIRE(r.ok());
+    const RankMemory& m0 = r->memory[0];
+    const double text = t.ranks()[0].params[0];
+    CHECK(m0.peak_by_cat[kWeights] == doctest::Approx(2 * (text + P)));
+    CHECK(m0.peak_by_cat[kOptimizer] == doctest::Approx(12 * text / 2 + 12 * P / 2));
+    // Nested places encoder work on every rank: every rank holds a copy.
+    Table n = Plan(MultimodalConfig("nested", {"model.vision.placement=replicated"}));
+    for (const RankInfo& ri : n.ranks()) CHECK(ri.params[1] == doctest::Approx(P));
+  }
+}
+
+TEST_CASE("model.vision.tp: the copy split over tp GPUs, 2 all-reduces per layer each way") {
+  // tp = 2 (dp 1): ranks of 2 GPUs. With vision.tp = 2 a replicated copy is P/2 per GPU
+  // and each encoder layer adds 2 all-reduces of 2(t-1)/t x (the pair's patches) x d x 2
+  // bytes per GPU in the forward (and in the backward).
+  const std::vector<std::string> tp2 = {"parallelism.tp=2", "model.vision.placement=replicated"};
+  Config one = MultimodalConfig("inline", tp2);
+  auto with = tp2;
+  with.push_back("model.vision.tp=2");
+  Config two = MultimodalConfig("inline", with);
+  const ModalityWork w1 = BuildModalityWork(one, StepBatch{}, VisionPool{}, false);
+  Table t = Plan(two);
+  REQUIRE(ValidatePlan(t).ok());
+  CHECK(t.ranks()[0].params[1] == doctest::Approx(w1.vision_params / 2));
+  auto batch = MakeStepBatch(one);
+  REQUIRE(batch.ok());
+  VisionPool pool;
+  pool.consumer_only = true;
+  const ModalityWork a = BuildModalityWork(one, *batch, pool, false);
+  const ModalityWork b = BuildModalityWork(two, *batch, pool, false);
+  REQUIRE(a.vision.size() == b.vision.size());
+  REQUIRE(!a.vision.empty());
+  const VisionConfig& v = one.model.vision;
+  for (size_t i = 0; i < a.vision.size(); ++i) {
+    const VisionTask &x = a.vision[i], &y = b.vision[i];
+    // The task's patches per GPU from its HBM traffic: patches/gpus x layers x (20d + 4 mlp).
+    const double per_gpu = x.f.hbm_bytes / (v.layers * (20.0 * v.hidden + 4.0 * v.mlp));
+    const double ar = 2 * (2 - 1) / 2.0 * (per_gpu * 2) * v.hidden * 2;
+    CHECK(y.f.tp_bytes - x.f.tp_bytes == doctest::Approx(2 * v.layers * ar));
+    CHECK(y.f.tp_calls - x.f.tp_calls == 2 * v.layers);
+    CHECK(y.b.tp_bytes - x.b.tp_bytes == doctest::Approx(2 * v.layers * ar));
+    CHECK(y.f.flops == doctest::Approx(x.f.flops));
+  }
+  RunResult bad = RunCli(std::string("plan ") + PIPEPLAN_SOURCE_DIR +
+                         "/configs/default.yaml --set model.vision.tp=3 -o /dev/null");
+  CHECK(bad.exit_code != 0);
+  CHECK(bad.out.find("model.vision.tp") != std::string::npos);
 }

@@ -71,6 +71,14 @@ TEST_CASE("gradient equivalence: every modality policy, with a generator and wit
     ExpectEquivalent(Plan(
         MultimodalConfig(policy, {"model.generator={layers: 2, hidden: 512, mlp: 2048, heads: 8}",
                                   "data.generate={height: 256, width: 256}"})));
+  // Replicated modality parameters: gradients summed over the ranks that hold a copy.
+  for (std::string policy : {"inline", "nested"})
+    for (std::string zero : {"0", "1"})
+      ExpectEquivalent(Plan(MultimodalConfig(
+          policy, {"model.generator={layers: 2, hidden: 512, mlp: 2048, heads: 8, placement: "
+                   "replicated}",
+                   "data.generate={height: 256, width: 256}", "model.vision.placement=replicated",
+                   "training.zero_stage=" + zero})));
 }
 
 TEST_CASE("a plan with a receive moved after its consumer fails loudly, not silently") {
