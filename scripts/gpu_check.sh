@@ -6,6 +6,8 @@
 #   - the NCCL mode (one process per GPU) with its transfer check: one process on the pp=1
 #     plan, and, where there are N >= 2 GPUs, N processes on a pp=N plan (NCCL's id shared
 #     through a file, so no MPI launcher is needed),
+#   - cost-model terms measured against their prediction (pipeplan_gpu_terms): unfused
+#     attention, and a gradient reduction overlapping GEMMs on its own stream,
 # writing report.txt and the traces into OUT_DIR. Usage: scripts/gpu_check.sh OUT_DIR
 # PIPEPLAN_BIN=path uses an already built binary (for machines without the Debian
 # packages); otherwise the script installs what is missing and builds.
@@ -27,6 +29,8 @@ run() { "$@" 2>&1 | tee -a "$report"; }
 
 step "device"
 run nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+step "cost-model terms: measured vs predicted"
+run "$(dirname "$bin")/pipeplan_gpu_terms" || true
 for case in pp1 pp4; do
   sets=()
   ranks=1
