@@ -36,7 +36,8 @@ __global__ void ScaleMaskSoftmax(__nv_bfloat16* scores, int seq, float scale) {
   for (int w = 1; w < blockDim.x / 32; ++w) mx = fmaxf(mx, red[w]);
   __syncthreads();
   float sum = 0;
-  for (int j = threadIdx.x; j <= q; j += blockDim.x) sum += __expf(__bfloat162float(x[j]) * scale - mx);
+  for (int j = threadIdx.x; j <= q; j += blockDim.x)
+    sum += __expf(__bfloat162float(x[j]) * scale - mx);
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
   if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = sum;
   __syncthreads();
@@ -92,15 +93,18 @@ double UnfusedAttentionSeconds(int heads, int seq, int head_dim, int reps, std::
   const size_t qkv = static_cast<size_t>(heads) * seq * head_dim;
   const size_t sc = static_cast<size_t>(heads) * seq * seq;
   __nv_bfloat16 *q, *k, *v, *s, *o;
-  if (Fail(cudaMalloc(&q, qkv * 2), "cudaMalloc", error) || Fail(cudaMalloc(&k, qkv * 2), "cudaMalloc", error) ||
-      Fail(cudaMalloc(&v, qkv * 2), "cudaMalloc", error) || Fail(cudaMalloc(&o, qkv * 2), "cudaMalloc", error) ||
+  if (Fail(cudaMalloc(&q, qkv * 2), "cudaMalloc", error) ||
+      Fail(cudaMalloc(&k, qkv * 2), "cudaMalloc", error) ||
+      Fail(cudaMalloc(&v, qkv * 2), "cudaMalloc", error) ||
+      Fail(cudaMalloc(&o, qkv * 2), "cudaMalloc", error) ||
       Fail(cudaMalloc(&s, sc * 2), "cudaMalloc (scores)", error))
     return 0;
   cudaMemset(q, 0, qkv * 2), cudaMemset(k, 0, qkv * 2), cudaMemset(v, 0, qkv * 2);
   cublasHandle_t h;
   if (Fail(cublasCreate(&h), "cublasCreate", error)) return 0;
   const float one = 1, zero = 0;
-  const long long sd = static_cast<long long>(seq) * head_dim, ss = static_cast<long long>(seq) * seq;
+  const long long sd = static_cast<long long>(seq) * head_dim,
+                  ss = static_cast<long long>(seq) * seq;
   auto body = [&] {
     // Column-major: S^T (seq x seq) = K (seq x d as d x seq, transposed) ... per head.
     if (Fail(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, seq, seq, head_dim, &one, k,
@@ -128,11 +132,15 @@ Overlap OverlapSeconds(int n, int gemms, double bytes, int reps, std::string* er
   const size_t nn = static_cast<size_t>(n) * n, floats = static_cast<size_t>(bytes / 4);
   __nv_bfloat16 *a, *b, *c;
   float *x, *y, *z;
-  if (Fail(cudaMalloc(&a, nn * 2), "cudaMalloc", error) || Fail(cudaMalloc(&b, nn * 2), "cudaMalloc", error) ||
-      Fail(cudaMalloc(&c, nn * 2), "cudaMalloc", error) || Fail(cudaMalloc(&x, floats * 4), "cudaMalloc", error) ||
-      Fail(cudaMalloc(&y, floats * 4), "cudaMalloc", error) || Fail(cudaMalloc(&z, floats * 4), "cudaMalloc", error))
+  if (Fail(cudaMalloc(&a, nn * 2), "cudaMalloc", error) ||
+      Fail(cudaMalloc(&b, nn * 2), "cudaMalloc", error) ||
+      Fail(cudaMalloc(&c, nn * 2), "cudaMalloc", error) ||
+      Fail(cudaMalloc(&x, floats * 4), "cudaMalloc", error) ||
+      Fail(cudaMalloc(&y, floats * 4), "cudaMalloc", error) ||
+      Fail(cudaMalloc(&z, floats * 4), "cudaMalloc", error))
     return r;
-  cudaMemset(a, 0, nn * 2), cudaMemset(b, 0, nn * 2), cudaMemset(x, 0, floats * 4), cudaMemset(y, 0, floats * 4);
+  cudaMemset(a, 0, nn * 2), cudaMemset(b, 0, nn * 2), cudaMemset(x, 0, floats * 4),
+      cudaMemset(y, 0, floats * 4);
   cudaStream_t compute, comm;
   cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking);
   cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking);
@@ -154,19 +162,23 @@ Overlap OverlapSeconds(int n, int gemms, double bytes, int reps, std::string* er
     return !Fail(cudaGetLastError(), "reduction kernel", error);
   };
   r.gemm_s = Median(reps, compute, gemm, error);
-  r.reduce_s = Median(reps, comm, [&] { return reduce(comm); }, error);
+  r.reduce_s = Median(
+      reps, comm, [&] { return reduce(comm); }, error);
   // Both: the reduction on its own stream, joined back before the stop event.
   cudaEvent_t fork, join;
   cudaEventCreateWithFlags(&fork, cudaEventDisableTiming);
   cudaEventCreateWithFlags(&join, cudaEventDisableTiming);
-  r.both_s = Median(reps, compute, [&] {
-    cudaEventRecord(fork, compute);
-    cudaStreamWaitEvent(comm, fork, 0);
-    if (!reduce(comm) || !gemm()) return false;
-    cudaEventRecord(join, comm);
-    cudaStreamWaitEvent(compute, join, 0);
-    return true;
-  }, error);
+  r.both_s = Median(
+      reps, compute,
+      [&] {
+        cudaEventRecord(fork, compute);
+        cudaStreamWaitEvent(comm, fork, 0);
+        if (!reduce(comm) || !gemm()) return false;
+        cudaEventRecord(join, comm);
+        cudaStreamWaitEvent(compute, join, 0);
+        return true;
+      },
+      error);
   cudaEventDestroy(fork), cudaEventDestroy(join);
   cublasDestroy(h);
   cudaStreamDestroy(compute), cudaStreamDestroy(comm);
