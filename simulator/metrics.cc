@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <tuple>
 
+#include "simulator/contention.h"
 #include "simulator/engine.h"
 
 namespace pipeplan {
@@ -64,8 +65,15 @@ void VisionLoad(const Table& t, const std::vector<double>& dur, Metrics* m) {
 
 StatusOr<SimResult> RunSimulation(const Table& t, const SimOptions& o) {
   SimResult r;
-  r.durations = o.cost.Durations(t);
+  const std::vector<double> base = o.cost.Durations(t);
+  r.durations = base;
   ASSIGN_OR_RETURN(r.timeline, Simulate(t, r.durations));
+  for (int pass = 0; pass < kContentionPasses; ++pass) {  // link contention (contention.h)
+    std::vector<double> next = ContendedDurations(t, r.timeline, base, o.cost);
+    if (next == r.durations) break;
+    r.durations = std::move(next);
+    ASSIGN_OR_RETURN(r.timeline, Simulate(t, r.durations));
+  }
   r.memory = ComputeMemory(t, r.timeline, o.memory, o.memory_curves);
   r.metrics = ComputeMetrics(t, r.timeline, r.durations, r.memory, o.cost, o.memory.hbm_bytes);
   ASSIGN_OR_RETURN(auto vision, Exposure(t, r.durations, r.metrics.step_time_s, Module::kVision));

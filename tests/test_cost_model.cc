@@ -9,6 +9,7 @@
 #include "planner/plan.h"
 #include "planner/validate.h"
 #include "planner/workload.h"
+#include "simulator/contention.h"
 #include "simulator/cost_model.h"
 #include "simulator/engine.h"
 #include "simulator/metrics.h"
@@ -398,4 +399,50 @@ TEST_CASE("model.vision.tp: the copy split over tp GPUs, 2 all-reduces per layer
                          "/configs/default.yaml --set model.vision.tp=3 -o /dev/null");
   CHECK(bad.exit_code != 0);
   CHECK(bad.out.find("model.vision.tp") != std::string::npos);
+}
+
+TEST_CASE("link contention: transfers on one NIC direction share its bandwidth") {
+  // Two ranks on two nodes. Rank 0 posts two 1 GB SENDs at once (a batched run), rank 1
+  // the two RECVs: each NIC direction carries two transfers for their whole length, so
+  // each gets half the bandwidth: alpha + 2 * bytes / bw instead of alpha + bytes / bw.
+  const double bytes = 1e9;
+  auto make = [&](std::vector<std::vector<std::string>> ops) {
+    Table t = TableFromOps(ops, 2, 1, 2);
+    TableColumns cols(&t);
+    cols.ranks()[1].node = 1;
+    for (Work& w : cols.works()) w.payload_bytes = bytes;
+    return t;
+  };
+  auto spec = FindGpu("H100");
+  REQUIRE(spec.ok());
+  const CostModel cost = CostModel::Real(*spec);
+  const double alpha = spec->inter_latency_s, bw = spec->nic_bw * spec->nic_efficiency;
+  SimOptions o;
+  o.cost = cost;
+  o.memory.hbm_bytes = spec->hbm_bytes;
+  Table same = make({{"r0 SEND_F c0 m0 ->r1", "r0 SEND_F c0 m1 ->r1"},
+                     {"r1 RECV_F c0 m0 <-r0", "r1 RECV_F c0 m1 <-r0"}});
+  auto base = cost.Durations(same);
+  CHECK(base[0] == doctest::Approx(alpha + bytes / bw));
+  auto tl = Simulate(same, base);
+  REQUIRE(tl.ok());
+  auto d = ContendedDurations(same, *tl, base, cost);
+  for (OpId i = 0; i < same.size(); ++i) CHECK(d[i] == doctest::Approx(alpha + 2 * bytes / bw));
+  auto r = RunSimulation(same, o);
+  REQUIRE(r.ok());
+  CHECK(r->metrics.step_time_s == doctest::Approx(alpha + 2 * bytes / bw));
+  // A SEND and a RECV at once use opposite directions of the full-duplex NIC: no sharing.
+  Table opposite = make({{"r0 SEND_F c0 m0 ->r1", "r0 RECV_B c0 m0 <-r1"},
+                         {"r1 RECV_F c0 m0 <-r0", "r1 SEND_B c0 m0 ->r0"}});
+  auto r2 = RunSimulation(opposite, o);
+  REQUIRE(r2.ok());
+  CHECK(r2->metrics.step_time_s == doctest::Approx(alpha + bytes / bw));
+  // Inside one node nothing crosses a NIC.
+  Table local = make({{"r0 SEND_F c0 m0 ->r1", "r0 SEND_F c0 m1 ->r1"},
+                      {"r1 RECV_F c0 m0 <-r0", "r1 RECV_F c0 m1 <-r0"}});
+  TableColumns(&local).ranks()[1].node = 0;
+  auto base_local = cost.Durations(local);
+  auto tl_local = Simulate(local, base_local);
+  REQUIRE(tl_local.ok());
+  CHECK(ContendedDurations(local, *tl_local, base_local, cost) == base_local);
 }
