@@ -361,6 +361,21 @@ TEST_CASE("model.vision.placement: FSDP over the job, or a copy on the ranks tha
     Table n = Plan(MultimodalConfig("nested", {"model.vision.placement=replicated"}));
     for (const RankInfo& ri : n.ranks()) CHECK(ri.params[1] == doctest::Approx(P));
   }
+  {  // A replicated generator: on the last stages under inline (tp = 1: a whole copy), on
+     // every rank when nested splits it over the replica.
+    const std::vector<std::string> gen = {
+        "model.generator={layers: 2, hidden: 512, mlp: 2048, heads: 8, placement: replicated}",
+        "data.generate={height: 256, width: 256}"};
+    const double G =
+        BuildModalityWork(MultimodalConfig("inline", gen), StepBatch{}, VisionPool{}, false)
+            .generator_params;
+    for (std::string policy : {"inline", "nested"}) {
+      Table g = Plan(MultimodalConfig(policy, gen));
+      REQUIRE(ValidatePlan(g).ok());
+      for (const RankInfo& ri : g.ranks())
+        CHECK(ri.params[2] == doctest::Approx(policy == "nested" || ri.pp == 3 ? G : 0));
+    }
+  }
 }
 
 TEST_CASE("model.vision.tp: the copy split over tp GPUs, 2 all-reduces per layer each way") {
@@ -445,4 +460,27 @@ TEST_CASE("link contention: transfers on one NIC direction share its bandwidth")
   auto tl_local = Simulate(local, base_local);
   REQUIRE(tl_local.ok());
   CHECK(ContendedDurations(local, *tl_local, base_local, cost) == base_local);
+}
+
+TEST_CASE("training.grad_bucket_size: ceil(parameters / bucket) buckets of whole layers") {
+  // One stage of 8 layers, dp = 2; buckets of 3,000,000 parameters over the chunk's P:
+  // ceil(P / 3e6) = 3 buckets, filled from the last layer: layers [6, 8), [3, 6), [0, 3)
+  // (bounds k*L/n from the end), each reducing its layers' share of the fp32 gradients.
+  Config c = SmallConfig(PipelineKind::k1F1B, 1, 1, 2, 2,
+                         {"model.llm.layers=8", "training.overlap_grad_reduce=true",
+                          "training.grad_bucket_size=3000000"});
+  const double P = BuildTextWorkload(c).params_per_gpu[0];
+  REQUIRE(std::ceil(P / 3e6) == 3);
+  Table t = Plan(c);
+  REQUIRE(ValidatePlan(t).ok());
+  const int range[3][2] = {{6, 8}, {3, 6}, {0, 3}};
+  for (int k = 0; k < 3; ++k) {
+    CAPTURE(k);
+    const Work& piece = FirstWork(t, fmt::format("r0 B c0 m1 p{}", k));
+    CHECK(piece.layer_begin == range[k][0]);
+    CHECK(piece.layer_end == range[k][1]);
+    CHECK(FirstWork(t, fmt::format("r0 REDUCE_SCATTER c0 p{} @g0", k)).payload_bytes ==
+          doctest::Approx(4 * P * (range[k][1] - range[k][0]) / 8));
+  }
+  for (OpId i = 0; i < t.size(); ++i) CHECK(t.str(i) != "r0 B c0 m1 p3");
 }
