@@ -33,8 +33,17 @@ Command MakeCompareCommand() {
       if (!parsed.ok())
         return Report(InvalidInput(fmt::format("{}: {}", path, parsed.status().message())));
       ops[k] = std::move(*parsed);
-      if (k == 0) config = nlohmann::json::parse(*text)["otherData"].value("config", "");
+      if (k == 0) {  // the simulated trace's config (for --calibrate), where it has one
+        const auto j = nlohmann::json::parse(*text, nullptr, false);
+        if (j.is_object() && j.contains("otherData") && j["otherData"].is_object() &&
+            j["otherData"].contains("config") && j["otherData"]["config"].is_string())
+          config = j["otherData"]["config"].get<std::string>();
+      }
     }
+    if (!o->calibrate.empty() && config.empty())
+      return Report(InvalidInput(
+          fmt::format("{}: --calibrate needs a trace written by simulate (its otherData.config)",
+                      o->simulated)));
     Comparison cmp = Compare(ops[0], ops[1]);
     if (cmp.matched == 0)
       return Report(InvalidInput("the two traces have no op in common (not the same plan?)"));

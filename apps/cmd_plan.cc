@@ -39,6 +39,8 @@ Command MakePlanCommand() {
       }
       if (Status s = SavePlan(*table, o->output, f); !s.ok()) return Report(s);
     }
+    // The summary goes to stderr when the plan itself goes to stdout (-o -).
+    FILE* out = o->output == "-" ? stderr : stdout;
     const Table& t = *table;
     const PlanMeta& m = t.meta();
     std::map<std::string, size_t> by_kind;
@@ -48,13 +50,13 @@ Command MakePlanCommand() {
         k = fmt::format("{}.{}", ModuleName(t.module(i)), k);
       ++by_kind[k];
     }
-    fmt::print("plan: {} ({} ranks = dp {} x pp {}; vp {}, tp {}, cp {}, ep {}; {} GPUs)\n",
+    fmt::print(out, "plan: {} ({} ranks = dp {} x pp {}; vp {}, tp {}, cp {}, ep {}; {} GPUs)\n",
                m.schedule, t.num_ranks(), m.dp, m.pp, m.vp, m.tp, m.cp, m.ep, config->world());
-    fmt::print("micro-batches: {} per replica, {} per step\n", m.microbatches,
+    fmt::print(out, "micro-batches: {} per replica, {} per step\n", m.microbatches,
                m.microbatches * m.dp);
-    fmt::print("ops: {}\n", t.size());
-    for (auto& [k, n] : by_kind) fmt::print("  {:<22} {}\n", k, n);
-    if (!o->output.empty()) fmt::print("wrote {}\n", o->output);
+    fmt::print(out, "ops: {}\n", t.size());
+    for (auto& [k, n] : by_kind) fmt::print(out, "  {:<22} {}\n", k, n);
+    if (!o->output.empty()) fmt::print(out, "wrote {}\n", o->output);
     return 0;
   };
   return c;

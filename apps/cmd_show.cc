@@ -24,7 +24,7 @@ Command MakeShowCommand() {
     auto in = LoadInput(o->input, o->sets);
     if (!in.ok()) return Report(in.status());
     const Table& t = in->table;
-    if (o->rank >= t.num_ranks())
+    if (o->rank < -1 || o->rank >= t.num_ranks())
       return Report(
           InvalidInput(fmt::format("--rank {}: the plan has {} ranks", o->rank, t.num_ranks())));
     std::string out;

@@ -39,10 +39,20 @@ Command MakeSimulateCommand() {
     if (!o->calibration.empty()) {
       auto cal = YamlDoc::FromFile(o->calibration);
       if (!cal.ok()) return Report(cal.status());
-      for (const std::string& s : cal->LeafAssignments()) sets.push_back(s);
+      auto leaves = cal->LeafAssignments();
+      if (!leaves.ok()) return Report(leaves.status());
+      for (const std::string& s : *leaves) sets.push_back(s);
     }
     auto in = LoadInput(o->input, sets);
     if (!in.ok()) return Report(in.status());
+    for (int32_t r : o->trace_ranks)
+      if (r < 0 || r >= in->table.num_ranks())
+        return Report(InvalidInput(fmt::format("--trace-ranks {}: the plan has ranks 0..{}", r,
+                                               in->table.num_ranks() - 1)));
+    for (int32_t d : o->trace_dp)
+      if (d < 0 || d >= in->table.meta().dp)
+        return Report(InvalidInput(
+            fmt::format("--trace-dp {}: the plan has replicas 0..{}", d, in->table.meta().dp - 1)));
     SimOptions so = SimOptionsFor(in->config, o->cost == "unit");
     so.memory_curves = !o->trace.empty();
     auto sim = RunSimulation(in->table, so);

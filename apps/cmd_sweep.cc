@@ -33,6 +33,8 @@ Command MakeSweepCommand() {
       if (!a.ok()) return Report(a.status());
       axes.push_back(*a);
     }
+    if (auto n = GridSize(axes); !n.ok()) return Report(n.status());
+    if (o->jobs < 0) return Report(InvalidInput(fmt::format("--jobs {}: expected >= 1", o->jobs)));
     // The base config must load: a broken file is an error, not a sweep of failed rows.
     if (auto base = LoadConfig(o->config, o->sets); !base.ok()) return Report(base.status());
     const bool tty = StderrIsTerminal();

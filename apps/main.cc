@@ -5,6 +5,7 @@
 
 #include "apps/common.h"
 #include "core/version.h"
+#include "planner/config.h"
 
 int main(int argc, char** argv) {
   using namespace pipeplan;
@@ -30,9 +31,14 @@ int main(int argc, char** argv) {
        MakeCompareCommand()},
   };
   std::vector<CLI::App*> subs;
+  double max_memory_gib = 0;
   for (Entry& e : table) {
     CLI::App* sub = app.add_subcommand(e.name, e.help);
     e.cmd.setup(sub);
+    sub->add_option("--max-memory", max_memory_gib,
+                    "GiB a plan may take (estimated before it is built; default: half the "
+                    "machine's memory)")
+        ->check(CLI::Range(1e-6, 1e9));
     subs.push_back(sub);
   }
   try {
@@ -47,7 +53,22 @@ int main(int argc, char** argv) {
     app.exit(e);
     return 2;
   }
-  for (size_t i = 0; i < table.size(); ++i)
-    if (subs[i]->parsed()) return table[i].cmd.run();
+  if (max_memory_gib > 0) SetMemoryBudgetBytes(max_memory_gib * (1 << 30));
+  // Running out of memory or threads ends in an error naming the cause, not an abort.
+  try {
+    for (size_t i = 0; i < table.size(); ++i)
+      if (subs[i]->parsed()) return table[i].cmd.run();
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr,
+               "pipeplan: error: out of memory (make the plan smaller, or see "
+               "--max-memory)\n");
+    return 1;
+  } catch (const std::system_error& e) {
+    fmt::print(stderr, "pipeplan: error: the system refused a resource: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "pipeplan: error: internal error: {}\n", e.what());
+    return 1;
+  }
   return 2;
 }

@@ -271,6 +271,7 @@ StatusOr<Table> FromJson(const std::string& text) {
   Table t;
   TableColumns c(&t);
   try {
+    RETURN_IF_ERROR(CheckJsonDepth(text));
     json j = json::parse(text);
     if (j.at("format_version") != 1) return InvalidInput("unsupported JSON plan format version");
     c.meta() = MetaFromJson(j.at("meta"));

@@ -15,6 +15,12 @@ CheckResult CompareWithReference(const Table& t, const TinyModel& model,
   Reference ref = RunReference(t, model);
   res.reference_loss = ref.loss;
   res.loss_error = std::abs(res.loss - ref.loss) / std::max(std::abs(ref.loss), 1e-300);
+  constexpr double u = 0x1.0p-53;
+  const double orders = 2.0 * (std::max(1, ref.terms) - 1 + ref.depth) * u;
+  auto bound = [&](double abs_sum, double sum) {
+    return std::max(1e-12, orders * abs_sum / std::max(std::abs(sum), 1e-300));
+  };
+  res.loss_tolerance = bound(ref.abs_loss, ref.loss);
   // Text gradients: each layer from the replica-0 rank whose forward runs it (reduced over
   // DP); stages may hold different numbers of layers.
   std::vector<int32_t> owner(model.text_layers(), 0);
@@ -52,11 +58,19 @@ CheckResult CompareWithReference(const Table& t, const TinyModel& model,
   std::vector<Part> parts = {{"text", text, ref.grads.text},
                              {"vision", modality(Module::kVision), ref.grads.vision},
                              {"generator", modality(Module::kGenerator), ref.grads.generator}};
-  for (const Part& p : parts) {
+  const Tensor* abs_of[3] = {&ref.abs_grads.text, &ref.abs_grads.vision, &ref.abs_grads.generator};
+  double worst_ratio = 0;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const Part& p = parts[k];
     if (p.want.empty()) continue;
     double e = MaxRelativeError(p.got, p.want);
-    if (e > res.max_grad_error || res.worst.empty())
-      res.max_grad_error = std::max(res.max_grad_error, e), res.worst = p.name;
+    double abs_max = 0, want_max = 0;
+    for (size_t i = 0; i < p.want.size(); ++i)
+      abs_max = std::max(abs_max, (*abs_of[k])[i]),
+      want_max = std::max(want_max, std::abs(p.want[i]));
+    const double tol = bound(abs_max, want_max);
+    if (e / tol > worst_ratio || res.worst.empty())
+      worst_ratio = e / tol, res.max_grad_error = e, res.grad_tolerance = tol, res.worst = p.name;
   }
   return res;
 }

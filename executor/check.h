@@ -13,6 +13,13 @@ struct CheckResult {
   double loss_error = 0;      // relative
   double max_grad_error = 0;  // max relative error over every parameter gradient
   std::string worst;          // which gradient
+  // Error bounds from the summation (CompareWithReference): the plan and the reference run
+  // the same operations per micro-batch but sum the contributions of K micro-batches (and
+  // tasks) in other orders; two orders of a K-term sum differ by at most 2(K-1)u sum|t|
+  // (u = 2^-53), and each of the L layers a perturbation passes adds one more rounding:
+  // bound = 2(K - 1 + L) u max_i sum_k |t_ik| / max_i |sum_k t_ik|, at least 1e-12.
+  double loss_tolerance = 1e-12, grad_tolerance = 1e-12;
+  bool passed() const { return loss_error <= loss_tolerance && max_grad_error <= grad_tolerance; }
 };
 
 // Loss and gradients of a run (grads[r]: rank r's, after its collectives) against the

@@ -93,7 +93,7 @@ Status CpuBackend::TextForward(OpId op) {
     if (static_cast<int>(rows.size()) != vision_expected_[mb])
       return Internal(
           fmt::format("{} of {} visual inputs arrived", rows.size(), vision_expected_[mb]));
-    for (const Tensor& v : rows)
+    for (const auto& [task, v] : rows)
       for (int j = 0; j < m_->width(); ++j) x[j] += v[j];
   } else {
     auto it = in_.find({g, mb});
@@ -128,7 +128,8 @@ Status CpuBackend::TextBackward(OpId op) {
   if (it == source.end())
     return Internal(t_.piece(op) > 0 ? "it runs before the piece of its later layers"
                                      : "its output gradient has not arrived");
-  if (layers > saved.size()) return Internal("its layer range is outside its forward's");
+  if (w.layer_begin < 0 || layers > saved.size())
+    return Internal("its layer range is outside its forward's");
   Tensor dx = std::move(it->second);
   source.erase(it);
   std::vector<Tensor> mine(saved.end() - static_cast<std::ptrdiff_t>(layers), saved.end());
@@ -178,7 +179,7 @@ Status CpuBackend::VisionForward(OpId op, bool recompute) {
   if (vision_remote_.count(key))
     vision_out_[key] = std::move(v);
   else
-    vision_in_[t_.mb(op)].push_back(std::move(v));
+    vision_in_[t_.mb(op)][{t_.task(op), t_.chunk(op)}] = std::move(v);
   return Status::Ok();
 }
 
@@ -317,7 +318,7 @@ Status CpuBackend::Incoming(OpId op, Tensor data) {
   }
   if (t_.module(op) == Module::kVision) {
     if (t_.kind(op) == OpKind::kRecvF)
-      vision_in_[mb].push_back(std::move(data));
+      vision_in_[mb][{t_.task(op), t_.chunk(op)}] = std::move(data);
     else
       vision_grad_[{mb, t_.task(op), t_.chunk(op)}] = std::move(data);
     return Status::Ok();
@@ -366,6 +367,9 @@ Status CpuBackend::Reduced(OpId op, Tensor sum) {
 Reference RunReference(const Table& t, const TinyModel& m) {
   Reference ref;
   ref.grads = m.ZeroGrads();
+  ref.abs_grads = m.ZeroGrads();
+  ref.depth = m.text_layers() + m.vision_layers() + 2;
+  ParamSet mine = m.ZeroGrads();  // one micro-batch's contribution
   const int d = m.width(), dp = t.meta().dp, M = t.meta().microbatches;
   std::map<std::pair<int, int>, std::vector<std::tuple<int, int, int>>>
       tasks;  // (replica, mb) -> tasks
@@ -386,14 +390,22 @@ Reference RunReference(const Table& t, const TinyModel& m) {
       std::vector<Tensor> saved;
       m.Forward(Module::kText, 0, m.text_layers(), &x, &saved);
       Tensor dx;
-      ref.loss += m.Head(x, m.Target(r, mb), &dx, &ref.grads);
-      m.Backward(Module::kText, 0, saved, &dx, &ref.grads);
+      for (Module mod : {Module::kText, Module::kVision, Module::kGenerator})
+        std::fill(mine.of(mod).begin(), mine.of(mod).end(), 0.0);
+      const double loss = m.Head(x, m.Target(r, mb), &dx, &mine);
+      ref.loss += loss, ref.abs_loss += std::abs(loss);
+      m.Backward(Module::kText, 0, saved, &dx, &mine);
       const Tensor dv = Row0(dx, d);
       for (auto& vs : vsaved) {
-        Tensor du = m.ProjectBack(vs.back(), dv, &ref.grads);
+        Tensor du = m.ProjectBack(vs.back(), dv, &mine);
         vs.pop_back();
-        m.Backward(Module::kVision, 0, vs, &du, &ref.grads);
+        m.Backward(Module::kVision, 0, vs, &du, &mine);
       }
+      for (Module mod : {Module::kText, Module::kVision, Module::kGenerator})
+        for (size_t k = 0; k < mine.of(mod).size(); ++k)
+          ref.grads.of(mod)[k] += mine.of(mod)[k],
+              ref.abs_grads.of(mod)[k] += std::abs(mine.of(mod)[k]);
+      ref.terms += 1 + static_cast<int>(vsaved.size());
     }
   }
   return ref;

@@ -42,9 +42,11 @@ class CpuBackend : public Backend {
   double loss_ = 0;
   std::map<StageKey, Tensor> in_, out_, dout_, din_;  // stage inputs/outputs and their gradients
   std::map<StageKey, std::vector<Tensor>> saved_;
-  std::map<int, std::vector<Tensor>> vision_in_;  // micro-batch -> visual rows received
-  std::map<int, int> vision_expected_;            // micro-batch -> how many
-  std::map<int, Tensor> dx0_;                     // micro-batch -> gradient of the first row
+  // micro-batch -> (task, shard) -> visual row: summed into the input in that order, the
+  // reference's, whatever order they arrived in
+  std::map<int, std::map<std::pair<int, int>, Tensor>> vision_in_;
+  std::map<int, int> vision_expected_;  // micro-batch -> how many
+  std::map<int, Tensor> dx0_;           // micro-batch -> gradient of the first row
   std::map<TaskKey, Tensor> vision_out_, vision_grad_;
   std::map<TaskKey, std::vector<Tensor>> vision_saved_;  // inputs of the layers run so far
   std::map<TaskKey, Tensor> vision_act_, vision_dx_;     // between pieces: activation, gradient
@@ -56,6 +58,12 @@ class CpuBackend : public Backend {
 struct Reference {
   ParamSet grads;
   double loss = 0;
+  // For the check's error bound: per parameter, the sum over micro-batches of the absolute
+  // value of each micro-batch's contribution; the same for the loss; how many
+  // contributions were summed, and the layers each passes through.
+  ParamSet abs_grads;
+  double abs_loss = 0;
+  int terms = 0, depth = 0;
 };
 // The same micro-batches, run one after another in one process.
 Reference RunReference(const Table& t, const TinyModel& m);

@@ -69,11 +69,19 @@ Status RunLocal(const Table& t, std::vector<std::unique_ptr<Backend>>& backends,
   std::vector<OpId> failed(t.num_ranks(), 0);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
-  for (int32_t r = 0; r < t.num_ranks(); ++r)
-    threads.emplace_back([&, r] {
-      status[r] = RunRank(t, r, *backends[r], transport, o, t0, measured, &failed[r]);
-      if (!status[r].ok()) transport.Abort(fmt::format("aborted: {}", status[r].message()));
-    });
+  threads.reserve(t.num_ranks());
+  try {
+    for (int32_t r = 0; r < t.num_ranks(); ++r)
+      threads.emplace_back([&, r] {
+        status[r] = RunRank(t, r, *backends[r], transport, o, t0, measured, &failed[r]);
+        if (!status[r].ok()) transport.Abort(fmt::format("aborted: {}", status[r].message()));
+      });
+  } catch (const std::system_error& e) {  // the machine refused a thread: stop the others
+    transport.Abort("aborted: a rank could not start");
+    for (auto& th : threads) th.join();
+    return Internal(fmt::format("cannot start the thread of rank {} of {}: {}", threads.size(),
+                                t.num_ranks(), e.what()));
+  }
   for (auto& th : threads) th.join();
   // The root cause: of the errors that are not another rank's abort, the one whose op
   // began first (a rank stuck waiting makes its peers time out a little later).

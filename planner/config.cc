@@ -1,6 +1,7 @@
 #include "planner/config.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <cmath>
@@ -9,11 +10,16 @@
 #include <optional>
 #include <set>
 
+#include "planner/data.h"
+
 namespace pipeplan {
 namespace {
 
 constexpr int kMaxInt = 1 << 24;       // any integer key
 constexpr int kMaxParallel = 1 << 16;  // tp, pp, vp, cp, ep, dp
+// Physical bounds (config reference): pixels per image side, frames per clip, GPUs.
+constexpr int kMaxWorld = 1 << 20;  // GPUs
+constexpr int64_t kMaxTokensPerMicroBatch = int64_t{1} << 26;
 constexpr std::string_view kPipelineNames[] = {"gpipe", "1f1b", "interleaved-1f1b"};
 constexpr std::string_view kModalityNames[] = {"inline", "decoupled", "nested", "bubble-fill",
                                                "optimus"};
@@ -204,7 +210,7 @@ class MapReader {
 
 void ReadCluster(MapReader m, ClusterConfig* c) {
   m.String({"gpu"}, &c->gpu, true);
-  m.Int({"nodes"}, &c->nodes, 1, true, 1 << 20);
+  m.Int({"nodes"}, &c->nodes, 1, true, kMaxWorld);
   m.Int({"gpus_per_node"}, &c->gpus_per_node, 1, false, 1024);
   auto found = FindGpu(c->gpu);
   if (!found.ok()) {
@@ -267,8 +273,8 @@ void ReadModel(MapReader m, ModelConfig* c) {
     v.Int({"hidden"}, &vc.hidden, 1, true);
     v.Int({"mlp"}, &vc.mlp, 1, true);
     v.Int({"heads"}, &vc.heads, 1, true);
-    v.Int({"patch"}, &vc.patch, 1);
-    v.Int({"merge"}, &vc.merge, 1);
+    v.Int({"patch"}, &vc.patch, 1, false, 4096);
+    v.Int({"merge"}, &vc.merge, 1, false, 64);
     v.Enum({"recompute"}, &vc.recompute, kRecomputeNames);
     v.Bool({"cp"}, &vc.cp);
     v.Int({"cp_threshold_patches"}, &vc.cp_threshold_patches, 1);
@@ -285,7 +291,7 @@ void ReadModel(MapReader m, ModelConfig* c) {
     g.Int({"hidden"}, &gc.hidden, 1, true);
     g.Int({"mlp"}, &gc.mlp, 1, true);
     g.Int({"heads"}, &gc.heads, 1, true);
-    g.Int({"latent_patch"}, &gc.latent_patch, 1);
+    g.Int({"latent_patch"}, &gc.latent_patch, 1, false, 4096);
     g.Enum({"recompute"}, &gc.recompute, kRecomputeNames);
     g.Enum({"placement"}, &gc.placement, kPlacementNames);
     g.Finish();
@@ -332,8 +338,8 @@ void ReadData(MapReader m, DataConfig* c) {
   m.String({"manifest"}, &c->manifest);
   if (m.Has({"generate"})) {
     MapReader gen = m.Sub({"generate"});
-    gen.Int({"height"}, &c->generate_height, 1, true);
-    gen.Int({"width"}, &c->generate_width, 1, true);
+    gen.Int({"height"}, &c->generate_height, 1, true, kMaxImageSide);
+    gen.Int({"width"}, &c->generate_width, 1, true, kMaxImageSide);
     gen.Finish();
   }
   if (auto list = m.Find({"images"}, false)) {
@@ -344,10 +350,10 @@ void ReadData(MapReader m, DataConfig* c) {
       for (size_t i = 0; i < list->size(); ++i) {
         MapReader e(m.ctx(), (*list)[i], fmt::format("data.images[{}]", i));
         ImageClass ic;
-        e.Int({"height"}, &ic.height, 1, true);
-        e.Int({"width"}, &ic.width, 1, true);
+        e.Int({"height"}, &ic.height, 1, true, kMaxImageSide);
+        e.Int({"width"}, &ic.width, 1, true, kMaxImageSide);
         e.Double({"weight"}, &ic.weight, 0);
-        e.Int({"frames"}, &ic.frames, 1);
+        e.Int({"frames"}, &ic.frames, 1, false, kMaxFrames);
         e.Finish();
         c->images.push_back(ic);
       }
@@ -509,6 +515,14 @@ void CheckConsistency(Config* c, Ctx* ctx) {
   ParallelConfig& p = c->parallel;
   TrainingConfig& t = c->training;
   const LlmConfig& l = c->model.llm;
+  if (static_cast<int64_t>(c->cluster.nodes) * c->cluster.gpus_per_node > kMaxWorld)
+    return ctx->FailAt("cluster.nodes", fmt::format("more than {} GPUs in all", kMaxWorld));
+  if (static_cast<int64_t>(p.pp) * p.vp > kMaxParallel)
+    return ctx->FailAt("parallelism.vp", fmt::format("pp*vp above {}", kMaxParallel));
+  if (static_cast<int64_t>(t.micro_batch_size) * t.seq_length > kMaxTokensPerMicroBatch)
+    return ctx->FailAt(
+        "training.micro_batch_size",
+        fmt::format("micro_batch_size*seq_length above {} tokens", kMaxTokensPerMicroBatch));
   const int world = c->world();
   const int64_t model_parallel = static_cast<int64_t>(p.tp) * p.pp * p.cp;  // bounded: no overflow
   if (world % model_parallel != 0)
@@ -639,11 +653,39 @@ void CheckConsistency(Config* c, Ctx* ctx) {
   for (const ImageClass& ic : c->data.images) weights += ic.weight;
   if (!c->data.images.empty() && weights <= 0)
     return ctx->FailAt("data.images", "the image weights must add up to more than 0");
-  // Keep plans within 32-bit op ids: about 8 ops per (replica, stage, chunk, micro-batch).
-  const int64_t ops = 8LL * dp * p.pp * p.vp * std::max(1, t.microbatches);
+  // Keep plans within 32-bit op ids and the memory budget: about 8 ops per (replica,
+  // stage, chunk, micro-batch), up to about 140 per drawn image (layer-group pieces, CP
+  // shards, transfers), about kBytesPerOp bytes per op while planning and simulating.
+  const int64_t images = c->data.manifest.empty() && c->model.vision.enabled
+                             ? static_cast<int64_t>(t.global_batch_size) * c->data.images_per_sample
+                             : 0;
+  const int64_t ops = 8LL * dp * p.pp * p.vp * std::max(1, t.microbatches) + 140 * images;
   if (ops > (int64_t{1} << 31))
     return ctx->FailAt("training",
                        fmt::format("the plan would have about {} ops (limit 2^31)", ops));
+  const double need = static_cast<double>(ops) * kBytesPerOp, budget = MemoryBudgetBytes();
+  if (need > budget)
+    return ctx->FailAt(
+        "training",
+        fmt::format("the plan would have about {} ops and need about {:.1f} GiB, above the memory "
+                    "budget of {:.1f} GiB (--max-memory)",
+                    ops, need / (1 << 30), budget / (1 << 30)));
+  for (size_t i = 0; i < c->data.images.size() && c->model.vision.enabled; ++i) {
+    const ImageClass& ic = c->data.images[i];
+    const int64_t mm = static_cast<int64_t>(c->model.vision.merge) * c->model.vision.merge;
+    const int64_t patch = c->model.vision.patch;
+    const int64_t tokens =
+        ((ic.height + patch - 1) / patch * ((ic.width + patch - 1) / patch) * ic.frames + mm - 1) /
+        mm;
+    if (tokens + std::max(1, c->data.text_tokens) >
+        static_cast<int64_t>(t.seq_length) * t.micro_batch_size)
+      return ctx->FailAt(
+          "data.images",
+          fmt::format("data.images[{}] ({}x{}, {} frames) is {} visual tokens: it never fits a "
+                      "micro-batch of seq_length*micro_batch_size = {} tokens",
+                      i, ic.height, ic.width, ic.frames, tokens,
+                      static_cast<int64_t>(t.seq_length) * t.micro_batch_size));
+  }
   if (c->data.text_tokens > static_cast<int64_t>(t.seq_length) * t.micro_batch_size)
     return ctx->FailAt(
         "data.text_tokens",
@@ -651,6 +693,20 @@ void CheckConsistency(Config* c, Ctx* ctx) {
 }
 
 }  // namespace
+
+namespace {
+double g_memory_budget = 0;  // 0: half the machine's physical memory
+}  // namespace
+
+void SetMemoryBudgetBytes(double bytes) {
+  g_memory_budget = bytes;
+}
+
+double MemoryBudgetBytes() {
+  if (g_memory_budget > 0) return g_memory_budget;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? 0.5 * static_cast<double>(pages) * page : 8.0 * (1 << 30);
+}
 
 std::string_view PipelineName(PipelineKind k) {
   return kPipelineNames[static_cast<int>(k)];

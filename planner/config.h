@@ -175,6 +175,12 @@ struct Config {
 std::string_view PipelineName(PipelineKind k);
 std::string_view ModalityName(ModalityPolicy p);
 
+// The memory a plan may take while it is built and simulated (checked against an estimate
+// before building); default half of the machine's physical memory.
+inline constexpr double kBytesPerOp = 160;
+void SetMemoryBudgetBytes(double bytes);
+double MemoryBudgetBytes();
+
 // Parses and checks a config; `sets` are "key.path=value" overrides applied first.
 StatusOr<Config> LoadConfig(const std::string& path, const std::vector<std::string>& sets = {});
 StatusOr<Config> ParseConfig(YamlDoc doc);

@@ -68,6 +68,7 @@ StatusOr<std::vector<Sample>> ReadManifest(const Config& c) {
       return InvalidInput(fmt::format("{}:{}: {}", path, line_no, why));
     };
     nlohmann::json j;
+    if (Status s = CheckJsonDepth(line); !s.ok()) return bad(s.message());
     try {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
@@ -75,21 +76,52 @@ StatusOr<std::vector<Sample>> ReadManifest(const Config& c) {
     }
     if (!j.is_object()) return bad("expected a JSON object per line");
     Sample s;
-    s.name = j.contains("id") ? (j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump())
-                              : fmt::format("line {}", line_no);
+    s.name = fmt::format("line {}", line_no);
+    if (j.contains("id")) {
+      const auto& id = j["id"];
+      if (!id.is_string() && !id.is_number_integer())
+        return bad("'id' must be a string or an integer");
+      s.name = id.is_string() ? id.get<std::string>() : id.dump();
+    }
+    // Integers in range, or an error (never a silent wrap-around).
+    auto integer = [&](const nlohmann::json& v, int64_t lo, int64_t hi, int* out) {
+      if (!v.is_number_integer()) return false;
+      const int64_t x = v.get<int64_t>();
+      if (x < lo || x > hi) return false;
+      *out = static_cast<int>(x);
+      return true;
+    };
+    auto image = [&](const nlohmann::json& v, bool video) {
+      Image img;
+      const size_t n = video ? 3 : 2;
+      if (!v.is_array() || v.size() != n) return false;
+      if (video && !integer(v[0], 1, kMaxFrames, &img.frames)) return false;
+      if (!integer(v[n - 2], 1, kMaxImageSide, &img.height) ||
+          !integer(v[n - 1], 1, kMaxImageSide, &img.width))
+        return false;
+      s.images.push_back(img);
+      return true;
+    };
     for (auto& [key, value] : j.items()) {
       try {
         if (key == "id") continue;
         if (key == "text_tokens") {
           s.text_tokens = value.get<int64_t>();
           if (s.text_tokens < 0) return bad("'text_tokens' must be >= 0");
-        } else if (key == "images") {
-          for (auto& im : value) s.images.push_back({im.at(0).get<int>(), im.at(1).get<int>(), 1});
-        } else if (key == "videos") {
-          for (auto& v : value)
-            s.images.push_back({v.at(1).get<int>(), v.at(2).get<int>(), v.at(0).get<int>()});
+        } else if (key == "images" || key == "videos") {
+          const bool video = key == "videos";
+          bool ok = value.is_array();
+          for (size_t k = 0; ok && k < value.size(); ++k) ok = image(value[k], video);
+          if (!ok)
+            return bad(fmt::format("bad value for '{}': {} with sides in [1, {}]{}", key,
+                                   video ? "[[frames, h, w], ...]" : "[[h, w], ...]", kMaxImageSide,
+                                   video ? fmt::format(" and frames in [1, {}]", kMaxFrames) : ""));
         } else if (key == "generate") {
-          s.gen_height = value.at(0).get<int>(), s.gen_width = value.at(1).get<int>();
+          if (!value.is_array() || value.size() != 2 ||
+              !integer(value[0], 1, kMaxImageSide, &s.gen_height) ||
+              !integer(value[1], 1, kMaxImageSide, &s.gen_width))
+            return bad(fmt::format("bad value for 'generate': [h, w] with sides in [1, {}]",
+                                   kMaxImageSide));
         } else {
           return bad(fmt::format(
               "unknown key '{}' (expected id, text_tokens, images, videos, generate)", key));
@@ -101,9 +133,6 @@ StatusOr<std::vector<Sample>> ReadManifest(const Config& c) {
                         key));
       }
     }
-    for (const Image& img : s.images)
-      if (img.height < 1 || img.width < 1 || img.frames < 1)
-        return bad("image sizes and frame counts must be >= 1");
     out.push_back(std::move(s));
   }
   if (out.empty()) return InvalidInput(fmt::format("{}: no samples", path));

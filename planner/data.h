@@ -36,6 +36,9 @@ struct StepBatch {
   int64_t tokens = 0;  // LLM tokens (text + visual) in the step
 };
 
+// Physical bounds of inputs (config reference): pixels per image side, frames per clip.
+inline constexpr int kMaxImageSide = 1 << 20, kMaxFrames = 1 << 16;
+
 // Patches of one image (all frames): ceil(h/p) * ceil(w/p) * frames.
 int64_t Patches(const Image& img, int patch);
 // Encoder forward FLOPs of one image over all layers (P and P^2 terms) plus the merger.

@@ -99,7 +99,16 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
     if (gather && works.gather_first) gathers(&out);
     for (const ModalitySync* m : mine)
       if (m->gather_first) modality_op(*m, OpKind::kAllGather, m->gather_work, &out);
+    // A reduction goes after the SEND/RECV run that follows its backward: an executor that
+    // runs a rank's ops one by one then sends the gradient before it blocks in the
+    // collective (the engine's streams do not need it; a blocking executor would deadlock).
+    RankSeq pending;
+    auto flush = [&] {
+      for (PendingOp& p : pending) out.push_back(std::move(p));
+      pending.clear();
+    };
     for (const PendingOp& op : seq) {
+      if (!IsP2P(op.key.kind)) flush();
       const bool text_b = op.key.module == Module::kText && op.key.kind == OpKind::kB;
       const bool last = sync && text_b && --backwards_left[op.key.chunk] == 0;
       const int g = op.key.chunk * shape.pp + s;
@@ -107,20 +116,24 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
         out.push_back(op);
       } else if (buckets) {
         for (size_t k = 0; k < works.bucket_piece[g].size(); ++k) {
+          flush();
           OpKey pk = op.key;
           pk.piece = static_cast<int32_t>(k);
           out.push_back({pk, works.bucket_piece[g][k]});
           OpKey ck{r,  reduce, Module::kText,        op.key.chunk,
                    -1, -1,     dp_group_of_stage[s], static_cast<int32_t>(k)};
-          out.push_back({ck, works.bucket_reduce[g][k],
-                         CollectiveTag(reduce, Module::kText, op.key.chunk, static_cast<int>(k))});
+          pending.push_back(
+              {ck, works.bucket_reduce[g][k],
+               CollectiveTag(reduce, Module::kText, op.key.chunk, static_cast<int>(k))});
         }
       } else {
         out.push_back(op);
         OpKey ck{r, reduce, Module::kText, op.key.chunk, -1, -1, dp_group_of_stage[s]};
-        out.push_back({ck, works.reduce[g], CollectiveTag(reduce, Module::kText, op.key.chunk)});
+        pending.push_back(
+            {ck, works.reduce[g], CollectiveTag(reduce, Module::kText, op.key.chunk)});
       }
     }
+    flush();
     for (const ModalitySync* m : mine) modality_op(*m, m->reduce, m->reduce_work, &out);
     out.push_back({OpKey{r, OpKind::kOptStep, Module::kOptimizer}, works.opt_step[s]});
     if (gather && !works.gather_first) gathers(&out);

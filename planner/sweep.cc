@@ -59,6 +59,17 @@ StatusOr<VaryAxis> ParseVary(const std::string& spec) {
   return a;
 }
 
+StatusOr<size_t> GridSize(const std::vector<VaryAxis>& axes) {
+  size_t n = 1;
+  for (const VaryAxis& a : axes) {
+    if (a.values.empty() || n > kMaxSweepPoints / a.values.size())
+      return InvalidInput(
+          fmt::format("the sweep has more than {} points (or an empty --vary)", kMaxSweepPoints));
+    n *= a.values.size();
+  }
+  return n;
+}
+
 std::vector<SweepPoint> ExpandGrid(const std::vector<VaryAxis>& axes) {
   std::vector<SweepPoint> points(1);
   for (const VaryAxis& a : axes) {
@@ -88,8 +99,17 @@ std::vector<SweepPoint> RunSweep(const std::string& path, const std::vector<std:
       if (progress) progress(++done, points.size());
     }
   };
+  // Threads: at most one per point; a thread the machine refuses is simply not used.
+  const int want = static_cast<int>(std::min<size_t>(std::max(1, jobs), points.size()));
   std::vector<std::thread> threads;
-  for (int j = 0; j < std::max(1, jobs); ++j) threads.emplace_back(worker);
+  for (int j = 0; j < want; ++j) {
+    try {
+      threads.emplace_back(worker);
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
+  if (threads.empty()) worker();  // not even one: run the points here
   for (auto& th : threads) th.join();
   MarkPareto(&points);
   return points;

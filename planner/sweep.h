@@ -27,6 +27,9 @@ struct SweepPoint {
 
 // Grid in row-major order (last axis fastest).
 std::vector<SweepPoint> ExpandGrid(const std::vector<VaryAxis>& axes);
+// The grid's size, or an error above kMaxSweepPoints (each point is a whole plan).
+inline constexpr size_t kMaxSweepPoints = 100000;
+StatusOr<size_t> GridSize(const std::vector<VaryAxis>& axes);
 
 // Runs every point with `jobs` threads; `progress(done, total)` is called after each point.
 std::vector<SweepPoint> RunSweep(const std::string& config_path,

@@ -138,10 +138,16 @@ Status CheckFlow(const Table& t) {
       return InvalidPlan(fmt::format(
           "{}: chunk or micro-batch out of range (vp = {}, micro-batches = {})", t.str(i), vp, M));
     const size_t at = slot(t.rank(i), t.chunk(i), t.mb(i));
-    if (which == 1 && t.piece(i) > 0) {  // pieces in order, one after another
+    const Work& w = t.work(i);
+    if (which < 2 && (w.layer_begin < 0 || w.layer_end < w.layer_begin))
+      return InvalidPlan(fmt::format("{}: its work has no layer range", t.str(i)));
+    if (which == 1 && t.piece(i) > 0) {  // pieces in order, one after another, layers adjacent
       OpId prev = idx[4][at];
       if (prev == UINT32_MAX || t.piece(prev) != t.piece(i) - 1)
         return InvalidPlan(fmt::format("{}: runs before the piece of its later layers", t.str(i)));
+      if (t.work(prev).layer_begin != w.layer_end)
+        return InvalidPlan(
+            fmt::format("{}: its layers do not end where {} begins", t.str(i), t.str(prev)));
       idx[4][at] = i;
       continue;
     }
@@ -156,6 +162,8 @@ Status CheckFlow(const Table& t) {
   // Producer `prod` (on rank pr) must reach consumer `cons` on rank r: locally earlier, or
   // through a RECV on r (before cons) whose SEND comes after prod.
   auto arrives = [&](OpId prod, OpId cons, int recv_kind) -> Status {
+    if (prod == UINT32_MAX)
+      return InvalidPlan(fmt::format("{}: the op producing its input does not exist", t.str(cons)));
     if (t.rank(prod) == t.rank(cons)) {
       if (prod < cons) return Status::Ok();
       return InvalidPlan(fmt::format("{}: runs before its input {}", t.str(cons), t.str(prod)));
@@ -187,6 +195,12 @@ Status CheckFlow(const Table& t) {
           return InvalidPlan(
               fmt::format("micro-batch {} of replica {} skips {}", mb, d, name(1, r, c, mb)));
         if (b < f) return InvalidPlan(fmt::format("{}: runs before {}", t.str(b), t.str(f)));
+        // The backward covers the forward's layers (whole, or its pieces end to end).
+        const OpId last = idx[4][slot(r, c, mb)];
+        if (t.work(b).layer_end != t.work(f).layer_end ||
+            t.work(last).layer_begin != t.work(f).layer_begin)
+          return InvalidPlan(
+              fmt::format("{}: does not cover the layers of {}", t.str(b), t.str(f)));
         if (g > 0) {
           const int32_t pr = d * pp + (g - 1) % pp, pc = (g - 1) / pp;
           RETURN_IF_ERROR(arrives(idx[0][slot(pr, pc, mb)], f, 2));

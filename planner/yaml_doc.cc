@@ -99,21 +99,31 @@ Status YamlDoc::ApplySet(const std::string& assignment) {
   return Status::Ok();
 }
 
-std::vector<std::string> YamlDoc::LeafAssignments() const {
+StatusOr<std::vector<std::string>> YamlDoc::LeafAssignments() const {
+  // Aliases can make a small file a huge tree: the walk stops at kMaxNodes visits or
+  // kMaxDepth levels (a config has a few hundred keys, 4 levels deep).
+  constexpr size_t kMaxNodes = 100000;
+  constexpr int kMaxDepth = 32;
   std::vector<std::string> out;
-  std::function<void(const YAML::Node&, const std::string&)> walk = [&](const YAML::Node& n,
-                                                                        const std::string& path) {
-    if (n.IsMap()) {
-      for (auto it = n.begin(); it != n.end(); ++it) {
-        // A key that is not a plain name cannot be a config key: passed on, it is rejected.
-        std::string key = it->first.IsScalar() ? it->first.Scalar() : "<not a name>";
-        walk(it->second, path.empty() ? key : path + "." + key);
-      }
-    } else if (n.IsScalar()) {
-      out.push_back(path + "=" + n.Scalar());
-    }
-  };
-  walk(root_, "");
+  size_t visited = 0;
+  bool too_big = false;
+  std::function<void(const YAML::Node&, const std::string&, int)> walk =
+      [&](const YAML::Node& n, const std::string& path, int depth) {
+        if (too_big || ++visited > kMaxNodes || depth > kMaxDepth) return void(too_big = true);
+        if (n.IsMap()) {
+          for (auto it = n.begin(); it != n.end() && !too_big; ++it) {
+            // A key that is not a plain name cannot be a config key: passed on, it is rejected.
+            std::string key = it->first.IsScalar() ? it->first.Scalar() : "<not a name>";
+            walk(it->second, path.empty() ? key : path + "." + key, depth + 1);
+          }
+        } else if (n.IsScalar()) {
+          out.push_back(path + "=" + n.Scalar());
+        }
+      };
+  walk(root_, "", 0);
+  if (too_big)
+    return InvalidInput(fmt::format("{}: more than {} keys or {} levels (aliases expanding?)",
+                                    name_, kMaxNodes, kMaxDepth));
   return out;
 }
 
@@ -127,7 +137,8 @@ std::string YamlDoc::ErrorAt(const YAML::Node& node, const std::string& key_path
                              std::string_view msg) const {
   // A value written by --set (or a map it created) has no position in the file.
   for (const auto& [path, assignment] : set_origin_) {
-    bool inside = key_path == path || key_path.rfind(path + ".", 0) == 0;
+    bool inside = key_path == path || key_path.rfind(path + ".", 0) == 0 ||
+                  key_path.rfind(path + "[", 0) == 0;
     bool created_parent = node.Mark().is_null() && path.rfind(key_path + ".", 0) == 0;
     if (inside || created_parent) return fmt::format("--set {}: {}", assignment, msg);
   }

@@ -25,7 +25,7 @@ class YamlDoc {
   const std::string& name() const { return name_; }
   std::string Dump() const;  // the document after overrides, as YAML
   // Every scalar leaf as "a.b.c=value" (a calibration file turned into --set overrides).
-  std::vector<std::string> LeafAssignments() const;
+  StatusOr<std::vector<std::string>> LeafAssignments() const;
 
   // "FILE:LINE:COL: message\n  <line>\n  ^" for a node read from the file, or
   // "--set KEY=VALUE: message" for one that came from the command line.

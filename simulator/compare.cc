@@ -6,6 +6,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "core/files.h"
+
 namespace pipeplan {
 namespace {
 
@@ -27,6 +29,7 @@ void Add(ErrorStats* s, double p, double m) {
 
 StatusOr<std::map<std::string, TraceOp>> ReadTraceOps(const std::string& text) {
   std::map<std::string, TraceOp> ops;
+  RETURN_IF_ERROR(CheckJsonDepth(text));
   try {
     auto j = nlohmann::json::parse(text);
     for (const auto& e : j.at("traceEvents")) {

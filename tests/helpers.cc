@@ -75,8 +75,8 @@ Table TableFromOps(const std::vector<std::vector<std::string>>& ranks, int pp, i
   TableBuilder b(infos);
   for (auto& g : groups) b.AddGroup(g);
   Work f, bw, p2p;
-  f.flops = 1, f.mem_delta_bytes = 1;
-  bw.flops = 2, bw.mem_delta_bytes = -1;
+  f.flops = 1, f.mem_delta_bytes = 1, f.layer_begin = 0, f.layer_end = 1;
+  bw.flops = 2, bw.mem_delta_bytes = -1, bw.layer_begin = 0, bw.layer_end = 1;
   p2p.payload_bytes = 1;
   WorkId wf = b.AddWork(f), wb = b.AddWork(bw), wp = b.AddWork(p2p);
   // (sender, receiver, is_backward, module, mb, task, chunk for modality shards) -> handles

@@ -85,10 +85,13 @@ void ExpectClean(const Table& t, const Job& job) {
   }
 }
 
-// The emulation moves and sums every byte on the CPU: the tests' models are narrow.
+// The emulation moves and sums every byte on the CPU: the tests' models are narrow, and
+// the micro-batches short (1,024 tokens: the large images are 616^2, 484 visual tokens).
 std::vector<std::string> Narrow(std::vector<std::string> sets) {
   for (const char* s : {"model.llm.hidden=128", "model.llm.ffn=512", "model.vision.hidden=128",
-                        "model.vision.mlp=512", "training.seq_length=1024"})
+                        "model.vision.mlp=512", "training.seq_length=1024",
+                        "data.images=[{height: 224, width: 224, weight: 0.6}, "
+                        "{height: 616, width: 616, weight: 0.4}]"})
     sets.push_back(s);
   return sets;
 }
@@ -104,7 +107,10 @@ TEST_CASE("NCCL backend, emulated: every policy runs, every transfer arrives whe
     // multi-rank CP, gradient collectives.
     Table t = Plan(MultimodalConfig(
         policy, Narrow({"parallelism.dp=2", "cluster.gpus_per_node=4", "cluster.nodes=2",
-                        "model.vision.cp_max_group=4", "model.vision.cp_threshold_patches=2048"})));
+                        "model.vision.cp_max_group=4", "model.vision.cp_threshold_patches=1024"})));
+    size_t gang_ops = 0;
+    for (OpId i = 0; i < t.size(); ++i) gang_ops += t.module(i) == Module::kVision && t.grouped(i);
+    CHECK(gang_ops > 0);
     ExpectClean(t, RunJob(t, o, true));
   }
   Table inter = Plan(MultimodalConfig(
