@@ -722,7 +722,9 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
   ListResult best;
   best.makespan_s = kInf;
   const std::vector<double> none;
-  Pass text(in, w, alternatives.empty() ? ListRules{} : alternatives[0], none);
+  // A Pass keeps references: its rules must outlive it (a temporary here did not).
+  const ListRules text_rules = alternatives.empty() ? ListRules{} : alternatives[0];
+  Pass text(in, w, text_rules, none);
   RETURN_IF_ERROR(text.Run());
   for (const ListRules& rules : alternatives) {
     std::vector<double> deadline = text.ConsumerStarts();
