@@ -2,6 +2,7 @@
 // N]
 #include <fmt/format.h>
 
+#include <chrono>
 #include <memory>
 #include <thread>
 
@@ -40,11 +41,16 @@ Command MakeSweepCommand() {
     const bool tty = StderrIsTerminal();
     int jobs =
         o->jobs > 0 ? o->jobs : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    auto points = RunSweep(o->config, o->sets, axes, jobs, [tty](size_t done, size_t total) {
+    const auto start = std::chrono::steady_clock::now();
+    auto points = RunSweep(o->config, o->sets, axes, jobs, [tty, start](size_t done, size_t total) {
       if (!tty) return;
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double left = done > 0 ? elapsed / done * (total - done) : 0;
       int width = 30, filled = static_cast<int>(width * done / total);
-      fmt::print(stderr, "\r[{}{}] {}/{} points", std::string(filled, '#'),
-                 std::string(width - filled, '.'), done, total);
+      fmt::print(stderr, "\r[{}{}] {}/{} points, {:.0f} s elapsed, about {:.0f} s left   ",
+                 std::string(filled, '#'), std::string(width - filled, '.'), done, total, elapsed,
+                 left);
       if (done == total) fmt::print(stderr, "\n");
     });
     if (!o->output.empty())
@@ -67,7 +73,7 @@ Command MakeSweepCommand() {
       }
       fmt::print("{}\n", row);
     }
-    fmt::print("* = Pareto-optimal in (step time, peak memory) among points that fit in memory\n");
+    fmt::print("* = Pareto-optimal in (tokens/s, peak memory) among points that fit in memory\n");
     if (!o->output.empty()) fmt::print("wrote {}\n", o->output);
     return 0;
   };

@@ -122,9 +122,10 @@ void MarkPareto(std::vector<SweepPoint>* points) {
     if (!p.pareto) continue;
     for (const SweepPoint& q : *points) {
       if (&q == &p || !feasible(q)) continue;
-      const double pt = p.metrics.step_time_s, pm = p.metrics.peak_memory_bytes;
-      const double qt = q.metrics.step_time_s, qm = q.metrics.peak_memory_bytes;
-      if (qt <= pt && qm <= pm && (qt < pt || qm < pm)) {
+      // Throughput, not step time: points with different batch sizes compare fairly.
+      const double pt = p.metrics.tokens_per_s, pm = p.metrics.peak_memory_bytes;
+      const double qt = q.metrics.tokens_per_s, qm = q.metrics.peak_memory_bytes;
+      if (qt >= pt && qm <= pm && (qt > pt || qm < pm)) {
         p.pareto = false;
         break;
       }

@@ -37,7 +37,7 @@ training: {seq_length: 512, microbatches: 4}
         "per_s,"
         "peak_memory_bytes,oom,pareto,error");
   // Pareto marks checked against the CSV's own numbers: a feasible row is marked iff no
-  // other feasible row is at least as good in both time and memory and better in one.
+  // other feasible row is at least as good in both throughput and memory and better in one.
   std::vector<std::vector<std::string>> rows;
   for (std::string line; std::getline(in, line);) {
     std::vector<std::string> f;
@@ -56,8 +56,8 @@ training: {seq_length: 512, microbatches: 4}
     bool dominated = false;
     for (auto& b : rows) {
       if (&a == &b || b[2].empty()) continue;
-      double at = std::stod(a[2]), am = std::stod(a[7]), bt = std::stod(b[2]), bm = std::stod(b[7]);
-      if (bt <= at && bm <= am && (bt < at || bm < am)) dominated = true;
+      double at = std::stod(a[5]), am = std::stod(a[7]), bt = std::stod(b[5]), bm = std::stod(b[7]);
+      if (bt >= at && bm <= am && (bt > at || bm < am)) dominated = true;
     }
     CHECK(a[9] == (dominated ? "0" : "1"));
     marked += !dominated;
