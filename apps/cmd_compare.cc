@@ -53,8 +53,9 @@ Command MakeCompareCommand() {
       if (!doc.ok()) return Report(doc.status());
       auto cfg = ParseConfig(std::move(*doc));
       if (!cfg.ok()) return Report(cfg.status());
-      GpuSpec fitted = Calibrate(cfg->cluster.spec, cmp);
-      if (Status s = WriteFileAtomic(o->calibrate, CalibrationYaml(fitted, cmp)); !s.ok())
+      auto fitted = Calibrate(cfg->cluster.spec, cmp);
+      if (!fitted.ok()) return Report(fitted.status());
+      if (Status s = WriteFileAtomic(o->calibrate, CalibrationYaml(*fitted, cmp)); !s.ok())
         return Report(s);
       fmt::print("calibration: {}\n", o->calibrate);
     }

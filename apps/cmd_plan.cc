@@ -31,12 +31,9 @@ Command MakePlanCommand() {
     if (!table.ok()) return Report(table.status());
     if (Status v = ValidatePlan(*table); !v.ok()) return Report(v);
     if (!o->output.empty()) {
-      PlanFormat f = FormatFromPath(o->output);
-      if (!o->format.empty()) {
-        auto pf = ParsePlanFormat(o->format);
-        if (!pf.ok()) return Report(pf.status());
-        f = *pf;
-      }
+      auto pf = o->format.empty() ? FormatFromPath(o->output) : ParsePlanFormat(o->format);
+      if (!pf.ok()) return Report(pf.status());
+      const PlanFormat f = *pf;
       if (Status s = SavePlan(*table, o->output, f); !s.ok()) return Report(s);
     }
     // The summary goes to stderr when the plan itself goes to stdout (-o -).

@@ -1,6 +1,7 @@
 #include "core/table_io.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
 
@@ -116,13 +117,18 @@ StatusOr<PlanFormat> ParsePlanFormat(const std::string& name) {
       fmt::format("unknown plan format '{}' (expected pb, json or torch-csv)", name));
 }
 
-PlanFormat FormatFromPath(const std::string& path) {
+StatusOr<PlanFormat> FormatFromPath(const std::string& path) {
   auto ends = [&](std::string_view s) {
     return path.size() >= s.size() && path.compare(path.size() - s.size(), s.size(), s) == 0;
   };
-  if (ends(".json")) return PlanFormat::kJson;
+  if (ends(".json") || path == "-") return PlanFormat::kJson;
   if (ends(".csv")) return PlanFormat::kTorchCsv;
-  return PlanFormat::kPb;
+  if (ends(".pb")) return PlanFormat::kPb;
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
+    return PlanFormat::kPb;
+  return InvalidInput(fmt::format(
+      "{}: cannot tell the plan format from the name (.pb, .json, .csv), say --format", path));
 }
 
 std::string SerializePb(const Table& table) {

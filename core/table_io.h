@@ -12,7 +12,9 @@ namespace pipeplan {
 enum class PlanFormat { kPb, kJson, kTorchCsv };
 
 StatusOr<PlanFormat> ParsePlanFormat(const std::string& name);
-PlanFormat FormatFromPath(const std::string& path);  // by extension; .pb when unknown
+// By extension (.pb, .json, .csv); "-" is JSON; a device or FIFO protobuf; an error
+// for any other name (say --format).
+StatusOr<PlanFormat> FormatFromPath(const std::string& path);
 
 std::string SerializePb(const Table& t);
 StatusOr<Table> ParsePb(const std::string& bytes);

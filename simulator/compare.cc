@@ -94,7 +94,7 @@ std::string ComparisonText(const Comparison& c) {
   return s;
 }
 
-GpuSpec Calibrate(const GpuSpec& spec, const Comparison& c) {
+StatusOr<GpuSpec> Calibrate(const GpuSpec& spec, const Comparison& c) {
   GpuSpec out = spec;
   double cp = 0, cm = 0, lp = 0, lm = 0;  // compute and link (p2p + collective) totals
   for (auto& [kind, e] : c.by_kind) {
@@ -109,6 +109,16 @@ GpuSpec Calibrate(const GpuSpec& spec, const Comparison& c) {
     out.compute_efficiency *= f, out.attention_efficiency *= f, out.hbm_efficiency *= f;
   }
   if (lp > 0 && lm > 0) out.nvlink_efficiency *= lp / lm, out.nic_efficiency *= lp / lm;
+  for (auto [name, e] : {std::pair{"compute_efficiency", out.compute_efficiency},
+                         {"attention_efficiency", out.attention_efficiency},
+                         {"hbm_efficiency", out.hbm_efficiency},
+                         {"nvlink_efficiency", out.nvlink_efficiency},
+                         {"nic_efficiency", out.nic_efficiency}})
+    if (e > 1)
+      return InvalidInput(fmt::format(
+          "the fit gives {} = {:.3g}, above the {}'s peak: the measured trace is not from this "
+          "GPU (a CPU run, or another machine?)",
+          name, e, spec.name));
   return out;
 }
 

@@ -38,7 +38,9 @@ std::string ComparisonText(const Comparison& c);
 
 // Scales the efficiency factors so that each class of op (compute; communication) has
 // the measured total time: factor x predicted / measured.
-GpuSpec Calibrate(const GpuSpec& spec, const Comparison& c);
+// Refused when a fitted efficiency would exceed 1 (the measured run beat the GPU's peak:
+// it was not measured on this GPU, or not on a GPU at all).
+StatusOr<GpuSpec> Calibrate(const GpuSpec& spec, const Comparison& c);
 // The calibration file: `cluster.hardware` overrides as YAML.
 std::string CalibrationYaml(const GpuSpec& calibrated, const Comparison& c);
 

@@ -88,6 +88,7 @@ Metrics ComputeMetrics(const Table& t, const Timeline& tl, const std::vector<dou
                        const std::vector<RankMemory>& memory, const CostModel& cost,
                        double hbm_bytes) {
   Metrics m;
+  m.unit_costs = cost.unit();
   m.ops = t.size();
   m.step_time_s = tl.Makespan();
   m.hbm_bytes = hbm_bytes;
@@ -151,7 +152,8 @@ nlohmann::json MetricsJson(const Metrics& m) {
                      {"peak_memory_by_module", by_module},
                      {"oom", r.oom}});
   }
-  return {{"step_time_s", m.step_time_s},
+  return {{"unit_costs", m.unit_costs},
+          {"step_time_s", m.step_time_s},
           {"bubble_fraction", m.bubble_fraction},
           {"mfu", m.mfu},
           {"model_flops", m.model_flops},
@@ -179,18 +181,22 @@ nlohmann::json MetricsJson(const Metrics& m) {
 
 std::string MetricsText(const Metrics& m) {
   std::string s;
-  s += fmt::format("step time        {:.6g} s\n", m.step_time_s);
+  // Unit costs (F = 1, B = 2, communication 0) give times in units: no rates then.
+  const char* unit = m.unit_costs ? "units" : "s";
+  s += fmt::format("step time        {:.6g} {}\n", m.step_time_s, unit);
   if (m.lower_bound_s > 0)
-    s += fmt::format("lower bound      {:.6g} s (busiest rank's compute; step / bound {:.3f})\n",
-                     m.lower_bound_s, m.step_time_s / m.lower_bound_s);
+    s += fmt::format("lower bound      {:.6g} {} (busiest rank's compute; step / bound {:.3f})\n",
+                     m.lower_bound_s, unit, m.step_time_s / m.lower_bound_s);
   s += fmt::format("bubble fraction  {:.2f} %\n", 100 * m.bubble_fraction);
-  s += fmt::format("MFU              {:.2f} % (Megatron's: {:.2f} %)\n", 100 * m.mfu,
-                   100 * m.megatron_mfu);
-  if (m.model_flops_per_gpu > 0)
-    s += fmt::format("model TFLOP/s    {:.1f} per GPU (Megatron's eq. 3, recompute included)\n",
-                     m.model_flops_per_gpu / 1e12);
-  s += fmt::format("throughput       {:.6g} tokens/s, {:.6g} samples/s\n", m.tokens_per_s,
-                   m.samples_per_s);
+  if (!m.unit_costs) {
+    s += fmt::format("MFU              {:.2f} % (Megatron's: {:.2f} %)\n", 100 * m.mfu,
+                     100 * m.megatron_mfu);
+    if (m.model_flops_per_gpu > 0)
+      s += fmt::format("model TFLOP/s    {:.1f} per GPU (Megatron's eq. 3, recompute included)\n",
+                       m.model_flops_per_gpu / 1e12);
+    s += fmt::format("throughput       {:.6g} tokens/s, {:.6g} samples/s\n", m.tokens_per_s,
+                     m.samples_per_s);
+  }
   s += fmt::format("peak memory      {:.2f} GiB per GPU of {:.2f} GiB{}\n",
                    m.peak_memory_bytes / kGiB, m.hbm_bytes / kGiB,
                    m.oom ? "  ** OUT OF MEMORY **" : "");

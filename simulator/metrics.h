@@ -24,6 +24,7 @@ struct RankMetrics {
 };
 
 struct Metrics {
+  bool unit_costs = false;  // times are in units (F = 1, B = 2), not seconds
   double step_time_s = 0;
   double bubble_fraction = 0;  // 1 - sum(busy) / (ranks x step time)
   double mfu = 0;              // model FLOPs / (step time x GPUs x peak bf16)

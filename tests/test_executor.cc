@@ -152,8 +152,20 @@ TEST_CASE(
   REQUIRE(RunCli("plan " + cfg + " -o " + dir + "/p.pb").exit_code == 0);
   REQUIRE(RunCli("simulate " + dir + "/p.pb --trace " + dir + "/sim.json").exit_code == 0);
   REQUIRE(
-      RunCli("execute " + dir + "/p.pb --local-ranks 4 --trace " + dir + "/meas.json").exit_code ==
+      RunCli("execute " + dir + "/p.pb --local-ranks 4 --trace " + dir + "/cpu.json").exit_code ==
       0);
+  // A CPU run is far faster than the plan's H100s could be: no calibration from it.
+  RunResult cpu =
+      RunCli("compare " + dir + "/sim.json " + dir + "/cpu.json --calibrate " + dir + "/bad.yaml");
+  CHECK(cpu.exit_code == 2);
+  CHECK(cpu.out.find("not from this GPU") != std::string::npos);
+  CHECK(!Exists(dir + "/bad.yaml"));
+  // A "measured" run on GPUs at half the catalog's efficiencies: the fit finds them.
+  REQUIRE(RunCli("simulate " + dir + "/p.pb --trace " + dir + "/meas.json" +
+                 " --set cluster.hardware.compute_efficiency=0.375" +
+                 " --set cluster.hardware.attention_efficiency=0.25" +
+                 " --set cluster.hardware.hbm_efficiency=0.4")
+              .exit_code == 0);
   RunResult r =
       RunCli("compare " + dir + "/sim.json " + dir + "/meas.json --calibrate " + dir + "/cal.yaml");
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
@@ -161,7 +173,13 @@ TEST_CASE(
         std::string::npos);
   CHECK(r.out.find("worst ops (measured - predicted):") != std::string::npos);
   std::string cal = Slurp(dir + "/cal.yaml");
-  CHECK(cal.find("compute_efficiency:") != std::string::npos);
+  const size_t at = cal.find("compute_efficiency:");
+  REQUIRE(at != std::string::npos);
+  // Compute time doubled except kernel launches and the folded TP transfers, which did not
+  // change: the fitted efficiency lies between the slow GPUs' and the catalog's.
+  const double fitted = std::stod(cal.substr(at + 19));
+  CHECK(fitted > 0.375);
+  CHECK(fitted < 0.75);
   // The fitted factors reproduce the measured compute total when simulated again.
   RunResult again = RunCli("simulate " + dir + "/p.pb --calibration " + dir + "/cal.yaml --json");
   REQUIRE_MESSAGE(again.exit_code == 0, again.out);

@@ -133,6 +133,12 @@ TEST_CASE("options out of range are errors") {
   ExpectError("simulate " + p + " --trace " + dir + "/t.json --trace-ranks -1", 2,
               "--trace-ranks -1");
   ExpectError("show " + p + " --rank -5", 2, "--rank -5");
+  ExpectError("plan " + kSmall + " -o " + dir + "/plan.out", 2, "cannot tell the plan format");
+  // Unit costs give times in units and no rates.
+  RunResult unit = RunCli("simulate " + p + " --cost unit");
+  CHECK(unit.exit_code == 0);
+  CHECK(unit.out.find("step time        57 units") != std::string::npos);
+  CHECK(unit.out.find("MFU") == std::string::npos);
 }
 
 TEST_CASE("outputs: devices and FIFOs are written, not replaced; links keep pointing") {
