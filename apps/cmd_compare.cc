@@ -14,6 +14,7 @@ namespace pipeplan {
 Command MakeCompareCommand() {
   struct Options {
     std::string simulated, measured, calibrate;
+    bool json = false;
   };
   auto o = std::make_shared<Options>();
   Command c;
@@ -21,6 +22,7 @@ Command MakeCompareCommand() {
     app->add_option("simulated", o->simulated, "Chrome trace from simulate --trace")->required();
     app->add_option("measured", o->measured, "Chrome trace from execute --trace")->required();
     app->add_option("--calibrate", o->calibrate, "write fitted efficiency factors (YAML) here");
+    app->add_flag("--json", o->json, "print the comparison as JSON");
   };
   c.run = [o]() -> int {
     std::map<std::string, TraceOp> ops[2];
@@ -47,7 +49,31 @@ Command MakeCompareCommand() {
     Comparison cmp = Compare(ops[0], ops[1]);
     if (cmp.matched == 0)
       return Report(InvalidInput("the two traces have no op in common (not the same plan?)"));
-    fmt::print("{}", ComparisonText(cmp));
+    if (o->json) {
+      auto stats = [](const std::map<std::string, ErrorStats>& m) {
+        nlohmann::json out = nlohmann::json::object();
+        for (const auto& [name, e] : m)
+          out[name] = {{"ops", e.ops},
+                       {"predicted_s", e.predicted_s},
+                       {"measured_s", e.measured_s},
+                       {"mean_abs_rel_error", e.mean_abs_rel_error}};
+        return out;
+      };
+      nlohmann::json worst = nlohmann::json::array();
+      for (const auto& [op, d] : cmp.worst)
+        worst.push_back({{"op", op}, {"measured_minus_predicted_s", d}});
+      fmt::print("{}\n", nlohmann::json{{"matched", cmp.matched},
+                                        {"only_simulated", cmp.only_simulated},
+                                        {"only_measured", cmp.only_measured},
+                                        {"predicted_step_s", cmp.predicted_step_s},
+                                        {"measured_step_s", cmp.measured_step_s},
+                                        {"by_module", stats(cmp.by_module)},
+                                        {"by_kind", stats(cmp.by_kind)},
+                                        {"worst", std::move(worst)}}
+                             .dump(1));
+    } else {
+      fmt::print("{}", ComparisonText(cmp));
+    }
     if (!o->calibrate.empty()) {
       auto doc = YamlDoc::FromString(o->simulated + " (config)", config);
       if (!doc.ok()) return Report(doc.status());
@@ -57,7 +83,7 @@ Command MakeCompareCommand() {
       if (!fitted.ok()) return Report(fitted.status());
       if (Status s = WriteFileAtomic(o->calibrate, CalibrationYaml(*fitted, cmp)); !s.ok())
         return Report(s);
-      fmt::print("calibration: {}\n", o->calibrate);
+      if (!o->json) fmt::print("calibration: {}\n", o->calibrate);
     }
     return 0;
   };

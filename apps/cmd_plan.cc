@@ -3,6 +3,7 @@
 
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "apps/common.h"
 #include "core/table_io.h"
@@ -15,6 +16,7 @@ Command MakePlanCommand() {
   struct Options {
     std::string config, output, format;
     std::vector<std::string> sets;
+    bool json = false;
   };
   auto o = std::make_shared<Options>();
   Command c;
@@ -23,6 +25,7 @@ Command MakePlanCommand() {
     app->add_option("-o,--output", o->output, "plan file to write (.pb, .json or .csv)");
     app->add_option("--format", o->format, "pb | json | torch-csv (default: from the file name)");
     app->add_option("--set", o->sets, "override a config key: key.path=value (repeatable)");
+    app->add_flag("--json", o->json, "print the summary as JSON");
   };
   c.run = [o]() -> int {
     auto config = LoadConfig(o->config, o->sets);
@@ -46,6 +49,24 @@ Command MakePlanCommand() {
       if (t.module(i) != Module::kText && t.module(i) != Module::kOptimizer)
         k = fmt::format("{}.{}", ModuleName(t.module(i)), k);
       ++by_kind[k];
+    }
+    if (o->json) {
+      nlohmann::json j = {{"schedule", m.schedule},
+                          {"modality", m.modality},
+                          {"ranks", t.num_ranks()},
+                          {"dp", m.dp},
+                          {"pp", m.pp},
+                          {"vp", m.vp},
+                          {"tp", m.tp},
+                          {"cp", m.cp},
+                          {"ep", m.ep},
+                          {"gpus", config->world()},
+                          {"microbatches_per_replica", m.microbatches},
+                          {"ops", t.size()},
+                          {"ops_by_kind", by_kind},
+                          {"output", o->output}};
+      fmt::print(out, "{}\n", j.dump(1));
+      return 0;
     }
     fmt::print(out, "plan: {} ({} ranks = dp {} x pp {}; vp {}, tp {}, cp {}, ep {}; {} GPUs)\n",
                m.schedule, t.num_ranks(), m.dp, m.pp, m.vp, m.tp, m.cp, m.ep, config->world());

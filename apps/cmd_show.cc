@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "apps/common.h"
 
@@ -12,6 +13,7 @@ Command MakeShowCommand() {
     std::string input;
     int rank = -1;
     std::vector<std::string> sets;
+    bool json = false;
   };
   auto o = std::make_shared<Options>();
   Command c;
@@ -19,6 +21,7 @@ Command MakeShowCommand() {
     app->add_option("input", o->input, "plan file or YAML config")->required();
     app->add_option("--rank", o->rank, "only this rank");
     app->add_option("--set", o->sets, "override a config key (configs only)");
+    app->add_flag("--json", o->json, "print the ranks and their op strings as JSON");
   };
   c.run = [o]() -> int {
     auto in = LoadInput(o->input, o->sets);
@@ -27,6 +30,20 @@ Command MakeShowCommand() {
     if (o->rank < -1 || o->rank >= t.num_ranks())
       return Report(
           InvalidInput(fmt::format("--rank {}: the plan has {} ranks", o->rank, t.num_ranks())));
+    if (o->json) {
+      nlohmann::json ranks = nlohmann::json::array();
+      for (int32_t r = 0; r < t.num_ranks(); ++r) {
+        if (o->rank >= 0 && r != o->rank) continue;
+        nlohmann::json ops = nlohmann::json::array();
+        for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) ops.push_back(t.str(i));
+        ranks.push_back({{"rank", r},
+                         {"dp", t.ranks()[r].dp},
+                         {"pp", t.ranks()[r].pp},
+                         {"ops", std::move(ops)}});
+      }
+      fmt::print("{}\n", nlohmann::json{{"ranks", std::move(ranks)}}.dump(1));
+      return 0;
+    }
     std::string out;
     for (int32_t r = 0; r < t.num_ranks(); ++r) {
       if (o->rank >= 0 && r != o->rank) continue;

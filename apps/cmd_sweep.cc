@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "apps/common.h"
@@ -17,6 +18,7 @@ Command MakeSweepCommand() {
     std::string config, output;
     std::vector<std::string> vary, sets;
     int jobs = 0;
+    bool json = false;
   };
   auto o = std::make_shared<Options>();
   Command c;
@@ -26,6 +28,7 @@ Command MakeSweepCommand() {
     app->add_option("--set", o->sets, "fixed override for every point: key.path=value");
     app->add_option("-o,--output", o->output, "CSV file to write");
     app->add_option("--jobs", o->jobs, "parallel points (default: number of cores)");
+    app->add_flag("--json", o->json, "print the points as JSON");
   };
   c.run = [o]() -> int {
     std::vector<VaryAxis> axes;
@@ -55,6 +58,25 @@ Command MakeSweepCommand() {
     });
     if (!o->output.empty())
       if (Status s = WriteFileAtomic(o->output, SweepCsv(axes, points)); !s.ok()) return Report(s);
+    if (o->json) {
+      nlohmann::json out = nlohmann::json::array();
+      for (const SweepPoint& p : points) {
+        nlohmann::json values = nlohmann::json::object();
+        for (size_t a = 0; a < axes.size(); ++a) values[axes[a].key] = p.values[a];
+        nlohmann::json row = {{"values", values}, {"ok", p.ok}, {"error", p.error}};
+        if (p.ok)
+          row.update({{"step_time_s", p.metrics.step_time_s},
+                      {"bubble_fraction", p.metrics.bubble_fraction},
+                      {"mfu", p.metrics.mfu},
+                      {"tokens_per_s", p.metrics.tokens_per_s},
+                      {"peak_memory_bytes", p.metrics.peak_memory_bytes},
+                      {"oom", p.metrics.oom},
+                      {"pareto", p.pareto}});
+        out.push_back(std::move(row));
+      }
+      fmt::print("{}\n", out.dump(1));
+      return 0;
+    }
     std::string head;
     for (const VaryAxis& a : axes) head += fmt::format("{:>24} ", a.key);
     fmt::print("{}{:>12} {:>8} {:>7} {:>14} {:>10}  {}\n", head, "step s", "bubble%", "MFU%",

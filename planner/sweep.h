@@ -22,7 +22,7 @@ struct SweepPoint {
   bool ok = false;
   std::string error;  // first line of the error when !ok
   Metrics metrics;
-  bool pareto = false;  // on the (step time, peak memory) frontier of feasible points
+  bool pareto = false;  // on the (tokens/s, peak memory) frontier of feasible points
 };
 
 // Grid in row-major order (last axis fastest).

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/files.h"
+#include "core/table_io.h"
 #include "helpers.h"
 
 using namespace pipeplan;
@@ -126,4 +127,42 @@ TEST_CASE("show prints a rank's sequence in the string form") {
   CHECK(r.out.rfind("rank 1 (dp 0, pp 1): ", 0) == 0);
   CHECK(r.out.find("\n  r1 RECV_F c0 m0 <-r0\n  r1 F c0 m0\n  r1 SEND_F c0 m0 ->r2\n") !=
         std::string::npos);
+}
+
+TEST_CASE("plan, validate, show, sweep and compare print JSON with --json") {
+  const std::string dir = TempDir();
+  const std::string cfg = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/small_text.yaml";
+  RunResult plan = RunCli("plan " + cfg + " -o " + dir + "/p.pb --json");
+  REQUIRE(plan.exit_code == 0);
+  auto pj = nlohmann::json::parse(plan.out);
+  const size_t ops = pj.at("ops");
+  size_t by_kind = 0;
+  for (auto& [kind, n] : pj.at("ops_by_kind").items()) by_kind += n.get<size_t>();
+  CHECK(by_kind == ops);
+  auto vj = nlohmann::json::parse(RunCli("validate " + dir + "/p.pb --json").out);
+  CHECK(vj.at("valid") == true);
+  CHECK(vj.at("ops") == ops);
+  auto sj = nlohmann::json::parse(RunCli("show " + dir + "/p.pb --json").out);
+  size_t shown = 0;
+  for (auto& r : sj.at("ranks")) shown += r.at("ops").size();
+  CHECK(shown == ops);
+  auto sw = nlohmann::json::parse(
+      RunCli("sweep " + cfg + " --vary training.microbatches=8,16 --json").out);
+  REQUIRE(sw.size() == 2);
+  CHECK(sw[0].at("values").at("training.microbatches") == "8");
+  REQUIRE(RunCli("simulate " + dir + "/p.pb --trace " + dir + "/s.json").exit_code == 0);
+  auto cj =
+      nlohmann::json::parse(RunCli("compare " + dir + "/s.json " + dir + "/s.json --json").out);
+  CHECK(cj.at("matched") == ops);
+  CHECK(cj.at("only_simulated") == 0);
+  // An invalid plan: JSON still, with the error and the validator's exit code.
+  Table t = Plan(SmallConfig(PipelineKind::k1F1B, 2, 1, 2));
+  TableColumns cols(&t);
+  cols.works()[t.work_id(Find(t, "r0 F c0 m0"))].layer_begin = -1;
+  REQUIRE(SavePlan(t, dir + "/bad.pb", PlanFormat::kPb).ok());
+  RunResult bad = RunCli("validate " + dir + "/bad.pb --json");
+  CHECK(bad.exit_code == 3);
+  auto bj = nlohmann::json::parse(bad.out);
+  CHECK(bj.at("valid") == false);
+  CHECK(bj.at("error").get<std::string>().find("no layer range") != std::string::npos);
 }
