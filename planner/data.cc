@@ -84,11 +84,11 @@ StatusOr<std::vector<Sample>> ReadManifest(const Config& c) {
       s.name = id.is_string() ? id.get<std::string>() : id.dump();
     }
     // Integers in range, or an error (never a silent wrap-around).
-    auto integer = [&](const nlohmann::json& v, int64_t lo, int64_t hi, int* out) {
+    auto integer = [&](const nlohmann::json& v, int64_t lo, int64_t hi, int* into) {
       if (!v.is_number_integer()) return false;
       const int64_t x = v.get<int64_t>();
       if (x < lo || x > hi) return false;
-      *out = static_cast<int>(x);
+      *into = static_cast<int>(x);
       return true;
     };
     auto image = [&](const nlohmann::json& v, bool video) {

@@ -184,9 +184,9 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
       } else if (k.kind == OpKind::kAllGather) {
         early_gather.push_back({k.module, k.module == Module::kText ? k.chunk : -1, h});
       } else if (k.kind == OpKind::kF) {
-        const int32_t c = k.module == Module::kText ? k.chunk : -1;
-        for (auto& [module, chunk, g] : early_gather)
-          if (module == k.module && chunk == c && g != UINT32_MAX) b->AddDep(h, g), g = UINT32_MAX;
+        for (auto& [module, gather_chunk, g] : early_gather)
+          if (module == k.module && gather_chunk == chunk && g != UINT32_MAX)
+            b->AddDep(h, g), g = UINT32_MAX;
       } else if (IsCollective(k.kind)) {
         if (last != last_backward.end()) b->AddDep(h, last->second);
         grad_collectives.push_back(h);

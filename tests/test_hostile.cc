@@ -52,7 +52,7 @@ TEST_CASE("resources: a plan above the memory budget is refused before it is bui
   ExpectError("plan " + kDefault + " -o /dev/null --max-memory 0.0001", 2, "(--max-memory)");
   // A sweep grid too large, and nonsense thread counts.
   std::string many;
-  for (int i = 1; i <= 400; ++i) many += (i > 1 ? "," : "") + std::to_string(i);
+  for (int i = 1; i <= 400; ++i) many += fmt::format("{}{}", i > 1 ? "," : "", i);
   ExpectError("sweep " + kSmall + " --vary training.microbatches=" + many +
                   " --vary training.seq_length=" + many,
               2, "more than 100000 points");
