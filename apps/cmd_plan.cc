@@ -1,4 +1,5 @@
-// pipeplan plan CONFIG [-o FILE] [--format pb|json|torch-csv] [--set K=V]...
+// pipeplan plan CONFIG [-o FILE] [--format pb|json|torch-csv|torch-csv-comms] [--replica D]
+//                     [--set K=V]...
 #include <fmt/format.h>
 
 #include <map>
@@ -6,7 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/common.h"
+#include "core/files.h"
 #include "core/table_io.h"
+#include "core/torch_csv.h"
 #include "planner/plan.h"
 #include "planner/validate.h"
 
@@ -17,13 +20,19 @@ Command MakePlanCommand() {
     std::string config, output, format;
     std::vector<std::string> sets;
     bool json = false;
+    int replica = 0;
   };
   auto o = std::make_shared<Options>();
   Command c;
   c.setup = [o](CLI::App* app) {
     app->add_option("config", o->config, "YAML config")->required();
     app->add_option("-o,--output", o->output, "plan file to write (.pb, .json or .csv)");
-    app->add_option("--format", o->format, "pb | json | torch-csv (default: from the file name)");
+    app->add_option("--format", o->format,
+                    "pb | json | torch-csv | torch-csv-comms (default: from the file name; .csv "
+                    "is torch-csv)");
+    app->add_option("--replica", o->replica,
+                    "torch-csv: the DP replica whose ranks are written (one row per pp rank)")
+        ->default_val(0);
     app->add_option("--set", o->sets, "override a config key: key.path=value (repeatable)");
     app->add_flag("--json", o->json, "print the summary as JSON");
   };
@@ -37,7 +46,19 @@ Command MakePlanCommand() {
       auto pf = o->format.empty() ? FormatFromPath(o->output) : ParsePlanFormat(o->format);
       if (!pf.ok()) return Report(pf.status());
       const PlanFormat f = *pf;
-      if (Status s = SavePlan(*table, o->output, f); !s.ok()) return Report(s);
+      if (f == PlanFormat::kTorchCsv || f == PlanFormat::kTorchCsvComms) {
+        size_t left_out = 0;
+        auto csv = ToTorchCsv(*table, o->replica, f == PlanFormat::kTorchCsvComms, &left_out);
+        if (!csv.ok()) return Report(csv.status());
+        if (Status s = WriteFileAtomic(o->output, *csv); !s.ok()) return Report(s);
+        if (left_out > 0)
+          fmt::print(stderr,
+                     "warning: {} vision and generator ops are not in {} (PyTorch's schedule "
+                     "has no action for them)\n",
+                     left_out, o->output);
+      } else if (Status s = SavePlan(*table, o->output, f); !s.ok()) {
+        return Report(s);
+      }
     }
     // The summary goes to stderr when the plan itself goes to stdout (-o -).
     FILE* out = o->output == "-" ? stderr : stdout;

@@ -7,6 +7,16 @@
 #include <functional>
 
 namespace pipeplan {
+
+std::string_view PlacementName(StagePlacement p) {
+  return p == StagePlacement::kV ? "v" : "loop";
+}
+
+bool ParsePlacement(std::string_view s, StagePlacement* out) {
+  if (s == "loop") return *out = StagePlacement::kLoop, true;
+  if (s == "v") return *out = StagePlacement::kV, true;
+  return false;
+}
 Work LayerShare(const Work& w, int begin, int end) {
   const int layers = std::max(1, w.layer_end - w.layer_begin), n = end - begin;
   const double s = static_cast<double>(n) / layers;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -23,6 +24,11 @@ namespace pipeplan {
 
 using OpId = uint32_t;
 using WorkId = uint32_t;
+
+// The tag of a text compute op that runs together with the next compute op of its rank
+// (an overlapped forward/backward pair of DualPipeV): the two start together and end
+// together, each one's communication hidden behind the other's compute.
+inline constexpr uint32_t kOverlapNextTag = 1;
 
 // What one op does, shared by all ops doing the same thing. Units in the names.
 struct Work {
@@ -69,13 +75,37 @@ struct RankInfo {
   friend bool operator==(const RankInfo&, const RankInfo&) = default;
 };
 
+// Where the pipeline's virtual stages live. Loop: chunk c of pp rank s holds global stage
+// c*pp + s (Megatron, interleaved 1F1B). V: even chunks run down the ranks and odd chunks
+// back up (chunk 1 of rank s holds stage 2*pp - 1 - s), so the first and last stages share
+// rank 0 (ZB-V, DualPipeV).
+enum class StagePlacement : uint8_t { kLoop = 0, kV = 1 };
+std::string_view PlacementName(StagePlacement p);
+bool ParsePlacement(std::string_view s, StagePlacement* out);
+inline int32_t GlobalStage(StagePlacement p, int32_t pp, int32_t chunk, int32_t pp_rank) {
+  return chunk * pp + ((p == StagePlacement::kV && chunk % 2 == 1) ? pp - 1 - pp_rank : pp_rank);
+}
+// The pp rank and chunk that hold global stage g.
+struct StageHome {
+  int32_t pp_rank, chunk;
+};
+inline StageHome HomeOf(StagePlacement p, int32_t pp, int32_t g) {
+  const int32_t c = g / pp, s = g % pp;
+  return {(p == StagePlacement::kV && c % 2 == 1) ? pp - 1 - s : s, c};
+}
+
 // Plan-wide facts the simulator and executor need without the config.
 struct PlanMeta {
-  std::string schedule;  // gpipe | 1f1b | interleaved-1f1b
+  std::string schedule;  // gpipe | 1f1b | interleaved-1f1b | zb-h1 | ...
   std::string modality;  // placement policy of vision/generator ops ("" if none)
   int32_t pp = 1, vp = 1, dp = 1, tp = 1, cp = 1, ep = 1;
   int32_t microbatches = 1;  // per DP replica
   int32_t gpus_per_node = 8;
+  StagePlacement placement = StagePlacement::kLoop;
+  int32_t global_stage(int32_t chunk, int32_t pp_rank) const {
+    return GlobalStage(placement, pp, chunk, pp_rank);
+  }
+  StageHome home(int32_t g) const { return HomeOf(placement, pp, g); }
   double tokens_per_step = 0;   // LLM tokens processed per step (all replicas)
   double samples_per_step = 0;  // samples per step (all replicas)
   // LLM FLOPs per step as Megatron reports them: eq. (3) of Narayanan et al. (SC21),
@@ -105,6 +135,9 @@ class Table {
   // Collectives and gangs: ops matched across the ranks of group peer(i) by tag.
   bool grouped(OpId i) const { return peer_[i] >= 0 && !IsP2P(kind_[i]); }
   uint32_t tag(OpId i) const { return tag_[i]; }
+  bool overlaps_next(OpId i) const {
+    return tag_[i] == kOverlapNextTag && peer_[i] < 0 && IsCompute(kind_[i]);
+  }
   WorkId work_id(OpId i) const { return work_[i]; }
   const Work& work(OpId i) const { return works_[work_[i]]; }
   std::span<const OpId> deps(OpId i) const {

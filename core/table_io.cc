@@ -91,6 +91,7 @@ json MetaToJson(const PlanMeta& m) {
           {"samples_per_step", m.samples_per_step},
           {"megatron_flops_per_step", m.megatron_flops_per_step},
           {"megatron_model_flops_per_step", m.megatron_model_flops_per_step},
+          {"placement", PlacementName(m.placement)},
           {"config_yaml", m.config_yaml},
           {"tool_version", kVersion}};
 }
@@ -104,6 +105,8 @@ PlanMeta MetaFromJson(const json& j) {
   m.config_yaml = j.at("config_yaml");
   m.megatron_flops_per_step = j.value("megatron_flops_per_step", 0.0);  // older plans lack it
   m.megatron_model_flops_per_step = j.value("megatron_model_flops_per_step", 0.0);
+  if (!ParsePlacement(j.value("placement", std::string("loop")), &m.placement))
+    throw json::other_error::create(501, "meta.placement is neither loop nor v", &j);
   return m;
 }
 
@@ -113,8 +116,9 @@ StatusOr<PlanFormat> ParsePlanFormat(const std::string& name) {
   if (name == "pb") return PlanFormat::kPb;
   if (name == "json") return PlanFormat::kJson;
   if (name == "torch-csv") return PlanFormat::kTorchCsv;
+  if (name == "torch-csv-comms") return PlanFormat::kTorchCsvComms;
   return InvalidInput(
-      fmt::format("unknown plan format '{}' (expected pb, json or torch-csv)", name));
+      fmt::format("unknown plan format '{}' (expected pb, json, torch-csv or torch-csv-comms)", name));
 }
 
 StatusOr<PlanFormat> FormatFromPath(const std::string& path) {
@@ -145,6 +149,7 @@ std::string SerializePb(const Table& table) {
   m->set_megatron_flops_per_step(pm.megatron_flops_per_step);
   m->set_megatron_model_flops_per_step(pm.megatron_model_flops_per_step);
   m->set_config_yaml(pm.config_yaml), m->set_tool_version(kVersion);
+  m->set_placement(std::string(PlacementName(pm.placement)));
   for (const RankInfo& r : t.ranks()) {
     auto* pr = p.add_ranks();
     pr->set_dp(r.dp), pr->set_pp(r.pp), pr->set_gpus(r.gpus), pr->set_first_gpu(r.first_gpu);
@@ -200,6 +205,8 @@ StatusOr<Table> ParsePb(const std::string& bytes) {
   pm.megatron_flops_per_step = m.megatron_flops_per_step();
   pm.megatron_model_flops_per_step = m.megatron_model_flops_per_step();
   pm.config_yaml = m.config_yaml();
+  if (!ParsePlacement(m.placement().empty() ? "loop" : m.placement(), &pm.placement))
+    return InvalidInput(fmt::format("meta.placement '{}' is neither loop nor v", m.placement()));
   for (const auto& pr : p.ranks()) {
     RankInfo r{pr.dp(), pr.pp(), pr.gpus(), pr.first_gpu(), pr.node(), {0, 0, 0}};
     for (int i = 0; i < std::min(3, pr.params_size()); ++i) r.params[i] = pr.params(i);
@@ -321,26 +328,6 @@ StatusOr<Table> FromJson(const std::string& text) {
   return t;
 }
 
-std::string ToTorchCsv(const Table& t) {
-  std::string out;
-  const int32_t pp = t.meta().pp;
-  for (int32_t r = 0; r < t.num_ranks(); ++r) {
-    bool first = true;
-    for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) {
-      OpKind k = t.kind(i);
-      if (t.module(i) != Module::kText ||
-          !(k == OpKind::kF || k == OpKind::kB || k == OpKind::kI || k == OpKind::kW) ||
-          t.piece(i) > 0)  // a backward split into bucket pieces is one action
-        continue;
-      if (!first) out += ',';
-      first = false;
-      out += fmt::format("{}{}{}", t.chunk(i) * pp + t.ranks()[r].pp, KindName(k), t.mb(i));
-    }
-    out += '\n';
-  }
-  return out;
-}
-
 Status SavePlan(const Table& t, const std::string& path, PlanFormat format) {
   switch (format) {
     case PlanFormat::kPb:
@@ -348,7 +335,8 @@ Status SavePlan(const Table& t, const std::string& path, PlanFormat format) {
     case PlanFormat::kJson:
       return WriteFileAtomic(path, ToJson(t));
     case PlanFormat::kTorchCsv:
-      return WriteFileAtomic(path, ToTorchCsv(t));
+    case PlanFormat::kTorchCsvComms:
+      return Internal("a PyTorch CSV is written with ToTorchCsv (core/torch_csv.h)");
   }
   return Internal("unknown plan format");
 }

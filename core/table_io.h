@@ -1,5 +1,5 @@
-// Plan files: binary protobuf (.pb), JSON (.json) and PyTorch-pipelining CSV (.csv,
-// write-only: compute actions per rank, `<stage><F|B|I|W><mb>`, stage = chunk*pp + pp rank).
+// Plan files: binary protobuf (.pb) and JSON (.json). PyTorch pipelining's CSV (.csv) is
+// core/torch_csv.h; its format names live here so that the CLI picks a writer by name.
 #pragma once
 
 #include <string>
@@ -9,7 +9,8 @@
 
 namespace pipeplan {
 
-enum class PlanFormat { kPb, kJson, kTorchCsv };
+// kTorchCsv: compute actions only; kTorchCsvComms: with SEND/RECV actions.
+enum class PlanFormat { kPb, kJson, kTorchCsv, kTorchCsvComms };
 
 StatusOr<PlanFormat> ParsePlanFormat(const std::string& name);
 // By extension (.pb, .json, .csv); "-" is JSON; a device or FIFO protobuf; an error
@@ -20,8 +21,8 @@ std::string SerializePb(const Table& t);
 StatusOr<Table> ParsePb(const std::string& bytes);
 std::string ToJson(const Table& t);
 StatusOr<Table> FromJson(const std::string& text);
-std::string ToTorchCsv(const Table& t);
 
+// Writes .pb or .json (a CSV format is an error: see core/torch_csv.h).
 Status SavePlan(const Table& t, const std::string& path, PlanFormat format);
 // Reads .pb or .json (detected from content); `path` names errors.
 StatusOr<Table> LoadPlan(const std::string& path);

@@ -42,7 +42,6 @@ CpuBackend::CpuBackend(const Table& t, int32_t rank, std::shared_ptr<const TinyM
       rank_(rank),
       stage_(t.ranks()[rank].pp),
       replica_(t.ranks()[rank].dp),
-      pp_(t.meta().pp),
       stages_(t.meta().pp * t.meta().vp),
       m_(std::move(model)),
       grads_(m_->ZeroGrads()) {
@@ -65,7 +64,8 @@ Status CpuBackend::Compute(OpId op) {
   const OpKind k = t_.kind(op);
   if (k == OpKind::kOptStep) return Status::Ok();  // gradients are what the check compares
   if (mod == Module::kText && k == OpKind::kF) return TextForward(op);
-  if (mod == Module::kText && k == OpKind::kB) return TextBackward(op);
+  if (mod == Module::kText && (k == OpKind::kB || k == OpKind::kI)) return TextBackward(op);
+  if (mod == Module::kText && k == OpKind::kW) return TextWeightGrad(op);
   if (mod == Module::kVision && (k == OpKind::kF || k == OpKind::kRecompute))
     return VisionForward(op, k == OpKind::kRecompute);
   if (mod == Module::kVision && k == OpKind::kB) return VisionBackward(op);
@@ -85,7 +85,7 @@ Status CpuBackend::Compute(OpId op) {
 }
 
 Status CpuBackend::TextForward(OpId op) {
-  const int g = t_.chunk(op) * pp_ + stage_, mb = t_.mb(op);
+  const int g = t_.meta().global_stage(t_.chunk(op), stage_), mb = t_.mb(op);
   Tensor x;
   if (g == 0) {
     x = m_->TextInput(replica_, mb);
@@ -108,7 +108,7 @@ Status CpuBackend::TextForward(OpId op) {
   m_->Forward(Module::kText, w.layer_begin, w.layer_end, &x, &saved);
   if (g == stages_ - 1 && !m_->has_generator())
     loss_ += m_->Head(x, m_->Target(replica_, mb), &dout_[{g, mb}], &grads_);
-  if (g + 1 < stages_ && (g + 1) % pp_ == stage_) in_[{g + 1, mb}] = x;  // next chunk on this rank
+  if (g + 1 < stages_ && Here(g + 1)) in_[{g + 1, mb}] = x;  // next chunk on this rank
   out_[{g, mb}] = std::move(x);
   return Status::Ok();
 }
@@ -117,7 +117,7 @@ Status CpuBackend::TextForward(OpId op) {
 // piece takes the output gradient, the others the gradient the piece before left; the
 // piece that reaches the chunk's first layer finishes as a whole backward does.
 Status CpuBackend::TextBackward(OpId op) {
-  const int g = t_.chunk(op) * pp_ + stage_, mb = t_.mb(op);
+  const int g = t_.meta().global_stage(t_.chunk(op), stage_), mb = t_.mb(op);
   auto sv = saved_.find({g, mb});
   if (sv == saved_.end()) return Internal("it runs before its forward");
   std::vector<Tensor>& saved = sv->second;
@@ -134,7 +134,14 @@ Status CpuBackend::TextBackward(OpId op) {
   source.erase(it);
   std::vector<Tensor> mine(saved.end() - static_cast<std::ptrdiff_t>(layers), saved.end());
   saved.resize(saved.size() - layers);
-  m_->Backward(Module::kText, w.layer_begin, mine, &dx, &grads_);
+  if (t_.kind(op) == OpKind::kI) {  // the weight gradients wait for W: keep inputs and dz
+    WeightInputs& keep = wgrad_[{g, mb}];
+    keep.begin = w.layer_begin;
+    keep.inputs = mine;
+    m_->BackwardInput(Module::kText, w.layer_begin, mine, &dx, &keep.dz);
+  } else {
+    m_->Backward(Module::kText, w.layer_begin, mine, &dx, &grads_);
+  }
   if (!saved.empty()) {
     text_dx_[{g, mb}] = std::move(dx);
     return Status::Ok();
@@ -143,9 +150,28 @@ Status CpuBackend::TextBackward(OpId op) {
   out_.erase({g, mb});
   if (g == 0)
     dx0_[mb] = Row0(dx, m_->width());
-  else if ((g - 1) % pp_ == stage_)
+  else if (Here(g - 1))
     dout_[{g - 1, mb}] = dx;  // previous chunk on this rank
   din_[{g, mb}] = std::move(dx);
+  return Status::Ok();
+}
+
+// W of a split backward: the weight gradients of its layers (all the I kept, or one bucket
+// piece's layers) from the inputs and pre-activation gradients its I kept.
+Status CpuBackend::TextWeightGrad(OpId op) {
+  const int g = t_.meta().global_stage(t_.chunk(op), stage_), mb = t_.mb(op);
+  auto it = wgrad_.find({g, mb});
+  if (it == wgrad_.end()) return Internal("it runs before its input-gradient pass (I)");
+  WeightInputs& keep = it->second;
+  const Work& w = t_.work(op);
+  const int lo = w.layer_begin - keep.begin, hi = w.layer_end - keep.begin;
+  if (w.layer_begin < 0 || lo < 0 || hi > static_cast<int>(keep.inputs.size()) || lo > hi)
+    return Internal("its layer range is outside its I's");
+  const std::vector<Tensor> in(keep.inputs.begin() + lo, keep.inputs.begin() + hi);
+  const std::vector<Tensor> dz(keep.dz.begin() + lo, keep.dz.begin() + hi);
+  m_->WeightGrad(Module::kText, w.layer_begin, in, dz, &grads_);
+  keep.done += hi - lo;
+  if (keep.done >= static_cast<int>(keep.inputs.size())) wgrad_.erase(it);
   return Status::Ok();
 }
 
@@ -237,7 +263,7 @@ StatusOr<Tensor> CpuBackend::VisionOutputGradient(OpId op) {
 // gradients add up to the whole generator's; the last stage sums the input gradients.
 Status CpuBackend::GeneratorShard(OpId op) {
   const int mb = t_.mb(op);
-  const bool last = stage_ == pp_ - 1;
+  const bool last = Here(stages_ - 1);
   const StageKey out{stages_ - 1, mb};
   const Tensor* x = nullptr;
   if (last) {
@@ -271,7 +297,7 @@ Status CpuBackend::GeneratorShard(OpId op) {
 }
 
 StatusOr<Tensor> CpuBackend::Outgoing(OpId op) {
-  const int g = t_.chunk(op) * pp_ + stage_, mb = t_.mb(op);
+  const int g = t_.meta().global_stage(t_.chunk(op), stage_), mb = t_.mb(op);
   if (t_.module(op) == Module::kGenerator) {
     if (t_.kind(op) == OpKind::kSendF) {
       auto it = out_.find({stages_ - 1, mb});
@@ -305,7 +331,7 @@ StatusOr<Tensor> CpuBackend::Outgoing(OpId op) {
 }
 
 Status CpuBackend::Incoming(OpId op, Tensor data) {
-  const int g = t_.chunk(op) * pp_ + stage_, mb = t_.mb(op);
+  const int g = t_.meta().global_stage(t_.chunk(op), stage_), mb = t_.mb(op);
   if (t_.module(op) == Module::kGenerator) {
     if (t_.kind(op) == OpKind::kRecvF) {
       gen_in_[mb] = std::move(data);
@@ -336,8 +362,10 @@ Tensor* CpuBackend::Slice(OpId op, size_t* offset, size_t* length) {
     // The layers of the chunk (its forward), or of one bucket (its backward piece).
     const bool bucket = t_.piece(op) >= 0;
     for (OpId i = t_.rank_begin(rank_); i < t_.rank_end(rank_); ++i) {
+      const OpKind k = t_.kind(i);
       if (t_.module(i) != Module::kText || t_.chunk(i) != t_.chunk(op) ||
-          t_.kind(i) != (bucket ? OpKind::kB : OpKind::kF) || t_.piece(i) != t_.piece(op))
+          !(bucket ? k == OpKind::kB || k == OpKind::kW : k == OpKind::kF) ||
+          t_.piece(i) != t_.piece(op))
         continue;
       const Work& w = t_.work(i);
       *offset = dd * w.layer_begin, *length = dd * (w.layer_end - w.layer_begin);

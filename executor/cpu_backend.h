@@ -29,6 +29,10 @@ class CpuBackend : public Backend {
   using TaskKey = std::tuple<int, int, int>;  // (micro-batch, task, shard)
   Status TextForward(OpId op);
   Status TextBackward(OpId op);
+  Status TextWeightGrad(OpId op);
+  bool Here(int global_stage) const {
+    return t_.meta().home(global_stage).pp_rank == stage_;
+  }
   Status VisionForward(OpId op, bool recompute);
   Status VisionBackward(OpId op);
   StatusOr<Tensor> VisionOutputGradient(OpId op);  // from the consumer (or this rank)
@@ -36,7 +40,7 @@ class CpuBackend : public Backend {
   Tensor* Slice(OpId collective, size_t* offset, size_t* length);
 
   const Table& t_;
-  int32_t rank_, stage_, replica_, pp_, stages_;
+  int32_t rank_, stage_, replica_, stages_;
   std::shared_ptr<const TinyModel> m_;
   ParamSet grads_;
   double loss_ = 0;
@@ -51,6 +55,11 @@ class CpuBackend : public Backend {
   std::map<TaskKey, std::vector<Tensor>> vision_saved_;  // inputs of the layers run so far
   std::map<TaskKey, Tensor> vision_act_, vision_dx_;     // between pieces: activation, gradient
   std::map<StageKey, Tensor> text_dx_;                   // between backward pieces
+  struct WeightInputs {  // what a split backward's W needs, kept by its I
+    int begin = 0, done = 0;
+    std::vector<Tensor> inputs, dz;
+  };
+  std::map<StageKey, WeightInputs> wgrad_;
   std::map<int, Tensor> gen_in_, gen_dx_;  // split generator: micro-batch -> input, its gradient
   std::map<TaskKey, bool> vision_remote_;  // output goes to another rank
 };

@@ -85,25 +85,44 @@ void TinyModel::Forward(Module m, int begin, int end, Tensor* x, std::vector<Ten
 
 void TinyModel::Backward(Module m, int begin, const std::vector<Tensor>& saved, Tensor* dx,
                          ParamSet* g) const {
+  std::vector<Tensor> dz;
+  BackwardInput(m, begin, saved, dx, &dz);
+  WeightGrad(m, begin, saved, dz, g);
+}
+
+void TinyModel::BackwardInput(Module m, int begin, const std::vector<Tensor>& saved, Tensor* dx,
+                              std::vector<Tensor>* dz) const {
   const Tensor& all = W(m, 0);
-  Tensor& grads = g->of(m);
   const size_t rows = dx->size() / d_, dd = static_cast<size_t>(d_) * d_;
+  dz->assign(saved.size(), Tensor(dx->size(), 0.0));
   for (int k = static_cast<int>(saved.size()) - 1; k >= 0; --k) {
-    const int l = begin + k;
-    const double* w = all.data() + dd * l;
-    double* gw = grads.data() + dd * l;
+    const double* w = all.data() + dd * (begin + k);
     const Tensor& in = saved[k];
     const Tensor dout = *dx;
+    Tensor& dzk = (*dz)[k];
     for (size_t r = 0; r < rows; ++r)
       for (int i = 0; i < d_; ++i) {
         double z = 0;
         for (int j = 0; j < d_; ++j) z += w[i * d_ + j] * in[r * d_ + j];
-        const double t = std::tanh(z), dz = dout[r * d_ + i] * (1 - t * t);
-        for (int j = 0; j < d_; ++j) {
-          gw[i * d_ + j] += dz * in[r * d_ + j];
-          (*dx)[r * d_ + j] += w[i * d_ + j] * dz;  // residual path kept: dx starts as dout
-        }
+        const double t = std::tanh(z), dzi = dout[r * d_ + i] * (1 - t * t);
+        dzk[r * d_ + i] = dzi;
+        for (int j = 0; j < d_; ++j)
+          (*dx)[r * d_ + j] += w[i * d_ + j] * dzi;  // residual path kept: dx starts as dout
       }
+  }
+}
+
+void TinyModel::WeightGrad(Module m, int begin, const std::vector<Tensor>& saved,
+                           const std::vector<Tensor>& dz, ParamSet* g) const {
+  Tensor& grads = g->of(m);
+  const size_t dd = static_cast<size_t>(d_) * d_;
+  for (int k = static_cast<int>(saved.size()) - 1; k >= 0; --k) {
+    double* gw = grads.data() + dd * (begin + k);
+    const Tensor &in = saved[k], &dzk = dz[k];
+    const size_t rows = in.size() / d_;
+    for (size_t r = 0; r < rows; ++r)
+      for (int i = 0; i < d_; ++i)
+        for (int j = 0; j < d_; ++j) gw[i * d_ + j] += dzk[r * d_ + i] * in[r * d_ + j];
   }
 }
 

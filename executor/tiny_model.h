@@ -50,6 +50,13 @@ class TinyModel {
   // dx: gradient w.r.t. the output in, w.r.t. the input out; weight grads added to g.
   void Backward(Module m, int begin, const std::vector<Tensor>& saved, Tensor* dx,
                 ParamSet* g) const;
+  // The same split in two (zero-bubble I and W): the input gradient, keeping each layer's
+  // pre-activation gradient in dz; then the weight gradients from the layers' inputs and dz.
+  // Backward = BackwardInput then WeightGrad, bit for bit.
+  void BackwardInput(Module m, int begin, const std::vector<Tensor>& saved, Tensor* dx,
+                     std::vector<Tensor>* dz) const;
+  void WeightGrad(Module m, int begin, const std::vector<Tensor>& saved,
+                  const std::vector<Tensor>& dz, ParamSet* g) const;
   // Vision projector: v = P u (one row).
   Tensor Project(const Tensor& u) const;
   Tensor ProjectBack(const Tensor& u, const Tensor& dv, ParamSet* g) const;

@@ -20,7 +20,9 @@ constexpr int kMaxParallel = 1 << 16;  // tp, pp, vp, cp, ep, dp
 // Physical bounds (config reference): pixels per image side, frames per clip, GPUs.
 constexpr int kMaxWorld = 1 << 20;  // GPUs
 constexpr int64_t kMaxTokensPerMicroBatch = int64_t{1} << 26;
-constexpr std::string_view kPipelineNames[] = {"gpipe", "1f1b", "interleaved-1f1b"};
+constexpr std::string_view kPipelineNames[] = {
+    "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipev", "interleaved-zb",
+    "csv"};
 constexpr std::string_view kModalityNames[] = {"inline", "decoupled", "nested", "bubble-fill",
                                                "optimus"};
 constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
@@ -368,6 +370,8 @@ void ReadSchedule(MapReader m, ScheduleConfig* c) {
   m.Bool({"decoupled_recompute"}, &c->decoupled_recompute);
   m.Int({"modality_window"}, &c->modality_window, 0);
   m.Double({"modality_budget_gib"}, &c->modality_budget_gib, 0);
+  m.Int({"zb_max_pending"}, &c->zb_max_pending, 0);
+  m.String({"csv"}, &c->csv);
   m.Finish();
 }
 
@@ -562,12 +566,30 @@ void CheckConsistency(Config* c, Ctx* ctx) {
                        fmt::format("ep = {} must divide dp*cp = {}", p.ep, dp * p.cp));
   if (p.ep > 1 && l.moe.experts == 0)
     return ctx->FailAt("parallelism.ep", "ep > 1 needs an MoE model (model.llm.moe.experts)");
-  const bool interleaved = c->schedule.pipeline == PipelineKind::kInterleaved1F1B;
-  if (interleaved && p.vp < 2)
-    return ctx->FailAt("schedule.pipeline", "interleaved-1f1b needs parallelism.vp >= 2");
-  if (!interleaved && p.vp > 1)
+  const PipelineKind pk = c->schedule.pipeline;
+  const bool interleaved = pk == PipelineKind::kInterleaved1F1B;
+  const std::string_view pname = PipelineName(pk);
+  if ((interleaved || pk == PipelineKind::kInterleavedZb) && p.vp < 2)
+    return ctx->FailAt("schedule.pipeline", fmt::format("{} needs parallelism.vp >= 2", pname));
+  if (PlacementOf(pk) == StagePlacement::kV && p.vp != 2)
+    return ctx->FailAt(ctx->seen.count("parallelism.vp") ? "parallelism.vp" : "schedule.pipeline",
+                       fmt::format("{} runs two chunks per rank in a V: set parallelism.vp: 2",
+                                   pname));
+  if (p.vp > 1 && (pk == PipelineKind::kGpipe || pk == PipelineKind::k1F1B ||
+                   pk == PipelineKind::kZbH1 || pk == PipelineKind::kZbH2))
     return ctx->FailAt("parallelism.vp",
-                       fmt::format("vp = {} needs schedule.pipeline: interleaved-1f1b", p.vp));
+                       fmt::format("vp = {} needs an interleaved or V-shaped schedule.pipeline "
+                                   "(interleaved-1f1b, interleaved-zb, zbv, dualpipev, csv)",
+                                   p.vp));
+  if ((pk == PipelineKind::kCsv) != !c->schedule.csv.empty())
+    return ctx->FailAt(pk == PipelineKind::kCsv ? "schedule.pipeline" : "schedule.csv",
+                       pk == PipelineKind::kCsv
+                           ? "schedule.pipeline: csv needs schedule.csv: PATH"
+                           : "schedule.csv is read only with schedule.pipeline: csv");
+  if (c->schedule.zb_max_pending > 0 && pk != PipelineKind::kZbH1 &&
+      pk != PipelineKind::kZbH2 && pk != PipelineKind::kZbv)
+    return ctx->FailAt("schedule.zb_max_pending",
+                       fmt::format("zb_max_pending applies to zb-h1, zb-h2 and zbv, not {}", pname));
   SetStages(c, ctx);
   if (ctx->error) return;
   if (t.seq_length % p.cp != 0 ||
@@ -706,6 +728,17 @@ double MemoryBudgetBytes() {
   if (g_memory_budget > 0) return g_memory_budget;
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? 0.5 * static_cast<double>(pages) * page : 8.0 * (1 << 30);
+}
+
+StagePlacement PlacementOf(PipelineKind k) {
+  return k == PipelineKind::kZbv || k == PipelineKind::kDualPipeV ? StagePlacement::kV
+                                                                  : StagePlacement::kLoop;
+}
+
+bool SplitsBackward(PipelineKind k) {
+  return k == PipelineKind::kZbH1 || k == PipelineKind::kZbH2 || k == PipelineKind::kZbv ||
+         k == PipelineKind::kDualPipeV || k == PipelineKind::kInterleavedZb ||
+         k == PipelineKind::kCsv;
 }
 
 std::string_view PipelineName(PipelineKind k) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/table.h"
 #include "planner/yaml_doc.h"
 #include "simulator/hardware.h"
 
@@ -145,7 +146,21 @@ struct DataConfig {
   int generate_height = 0, generate_width = 0;  // generation target per sample, pixels
 };
 
-enum class PipelineKind { kGpipe, k1F1B, kInterleaved1F1B };
+enum class PipelineKind {
+  kGpipe,
+  k1F1B,
+  kInterleaved1F1B,
+  kZbH1,           // zero-bubble H1: I and W split, pp micro-batches pending (1F1B's memory)
+  kZbH2,           // zero-bubble H2: 2 pp pending
+  kZbv,            // ZB-V: two chunks per rank in V placement
+  kDualPipeV,      // DeepSeek's DualPipeV (V placement, overlapped F/B pairs)
+  kInterleavedZb,  // PyTorch's interleaved zero bubble (loop placement)
+  kCsv,            // per-rank orders read from a PyTorch pipeline-order CSV (schedule.csv)
+};
+// The stage placement a schedule needs (V for zbv and dualpipev).
+StagePlacement PlacementOf(PipelineKind k);
+// Whether the schedule splits the backward into I and W.
+bool SplitsBackward(PipelineKind k);
 enum class ModalityPolicy { kInline, kDecoupled, kNested, kBubbleFill, kOptimus };
 
 struct ScheduleConfig {
@@ -157,6 +172,10 @@ struct ScheduleConfig {
   int modality_window = 0;
   // nested: encoder activations a rank may hold, GiB per GPU; 0 = automatic (plan.cc).
   double modality_budget_gib = 0;
+  // zb-h1 / zb-h2 / zbv: micro-batches (zbv: chunk activations) a rank may hold between an
+  // F and its W; 0 = pp for zb-h1, 2 pp for zb-h2 and zbv.
+  int zb_max_pending = 0;
+  std::string csv;  // schedule.pipeline: csv: the PyTorch pipeline-order CSV to read
 };
 
 struct Config {

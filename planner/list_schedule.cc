@@ -64,9 +64,17 @@ class Pass {
   bool vision() const { return !deadline_.empty(); }
   int Stage(int r) const { return r % s_.pp; }
   int Replica(int r) const { return r / s_.pp; }
-  int RankOf(int d, int global_stage) const { return s_.rank(d, global_stage % s_.pp); }
+  int RankOf(int d, int global_stage) const {
+    return s_.rank(d, s_.home(global_stage).pp_rank);
+  }
+  static bool Backward(OpKind k) { return k == OpKind::kB || k == OpKind::kI; }
+  // Position in its stage's order of a text F, or of the backward that produces the input
+  // gradient (B, or I of a split backward).
   int PosOf(int stage, OpKind k, int chunk, int mb) const {
-    return pos_of_[stage][(static_cast<size_t>(chunk) * s_.m + mb) * 2 + (k == OpKind::kB)];
+    return pos_of_[stage][(static_cast<size_t>(chunk) * s_.m + mb) * 2 + Backward(k)];
+  }
+  int PosOfStage(int d, OpKind k, int g, int mb) const {
+    return PosOf(Stage(RankOf(d, g)), k, s_.home(g).chunk, mb);
   }
   double Duration(int r, int i) const;
   double Transfer(int a, int b) const;
@@ -182,8 +190,10 @@ class Pass {
 
 double Pass::Duration(int r, int i) const {
   const Step& st = in_.orders[Stage(r)][i];
-  const int g = st.chunk * s_.pp + Stage(r);
+  const int g = s_.global(st.chunk, Stage(r));
   if (st.kind == OpKind::kB) return in_.b_s[g];
+  if (st.kind == OpKind::kI) return in_.i_s[g];
+  if (st.kind == OpKind::kW) return in_.w_s[g];
   double d = in_.f_s[g];
   if (g == s_.stages() - 1 && !in_.after_last_f_s.empty())
     d += in_.after_last_f_s[static_cast<size_t>(Replica(r)) * s_.m + st.mb];
@@ -199,12 +209,13 @@ double Pass::Transfer(int a, int b) const {
 double Pass::ReadyTime(int r) const {
   const int s = Stage(r), d = Replica(r), i = pos_[r];
   const Step& st = in_.orders[s][i];
-  const int g = st.chunk * s_.pp + s, S = s_.stages();
+  const int g = s_.global(st.chunk, s), S = s_.stages();
   double ready = 0;
+  if (st.kind == OpKind::kW) return 0;  // after its own I, earlier on the rank
   if (st.kind == OpKind::kF) {
     if (g > 0) {
       const int q = RankOf(d, g - 1);
-      const double e = end_[q][PosOf(Stage(q), OpKind::kF, (g - 1) / s_.pp, st.mb)];
+      const double e = end_[q][PosOfStage(d, OpKind::kF, g - 1, st.mb)];
       if (e == kUnknown) return kUnknown;
       ready = e + Transfer(q, r);
     } else if (vision()) {
@@ -214,7 +225,7 @@ double Pass::ReadyTime(int r) const {
     }
   } else {
     const int q = g < S - 1 ? RankOf(d, g + 1) : r;
-    const int p = g < S - 1 ? PosOf(Stage(q), OpKind::kB, (g + 1) / s_.pp, st.mb)
+    const int p = g < S - 1 ? PosOfStage(d, OpKind::kB, g + 1, st.mb)
                             : PosOf(s, OpKind::kF, st.chunk, st.mb);
     const double e = end_[q][p];
     if (e == kUnknown) return kUnknown;
@@ -282,11 +293,11 @@ void Pass::RunText(int r, double start) {
   end_[r][i] = start + dur;
   free_[r] = start + dur;
   ++pos_[r];
-  const int g = st.chunk * s_.pp + s, S = s_.stages();
+  const int g = s_.global(st.chunk, s), S = s_.stages();
   if (st.kind == OpKind::kF && g < S - 1) Wake(RankOf(d, g + 1));
-  if (st.kind == OpKind::kB && g > 0) Wake(RankOf(d, g - 1));
+  if (Backward(st.kind) && g > 0) Wake(RankOf(d, g - 1));
   if (st.kind == OpKind::kF && g == S - 1 && Sharded()) ReleaseGenerator(r, st.mb);
-  if (vision() && g == 0 && st.kind == OpKind::kB) {
+  if (vision() && g == 0 && Backward(st.kind)) {
     // Gradients of micro-batch st.mb's visual tokens go back to the tasks' ranks.
     const size_t k = static_cast<size_t>(d) * s_.m + st.mb;
     for (int j = consumer_begin_[k]; j < consumer_begin_[k + 1]; ++j) {
@@ -503,7 +514,8 @@ Status Pass::Run() {
   for (int s = 0; s < s_.pp; ++s)
     for (size_t i = 0; i < in_.orders[s].size(); ++i) {
       const Step& st = in_.orders[s][i];
-      pos_of_[s][(static_cast<size_t>(st.chunk) * s_.m + st.mb) * 2 + (st.kind == OpKind::kB)] =
+      if (st.kind == OpKind::kW) continue;
+      pos_of_[s][(static_cast<size_t>(st.chunk) * s_.m + st.mb) * 2 + Backward(st.kind)] =
           static_cast<int>(i);
     }
   pos_.assign(R, 0);
@@ -584,7 +596,7 @@ Status Pass::Run() {
   for (int st = 0; st < s_.pp; ++st) {
     const auto& order = in_.orders[st];
     for (int i = static_cast<int>(order.size()) - 1; i >= 0; --i) {
-      if (order[i].kind == OpKind::kB) first_b_[st] = i;
+      if (Backward(order[i].kind)) first_b_[st] = i;
       if (order[i].kind == OpKind::kF) last_f_[st] = std::max(last_f_[st], i);
     }
   }
@@ -710,11 +722,16 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
   };
   if (!sized(in.orders, sh.pp, false) || !sized(in.f_s, sh.stages(), false) ||
       !sized(in.b_s, sh.stages(), false) || !sized(in.next_p2p_s, R, false) ||
+      !sized(in.i_s, sh.stages(), true) || !sized(in.w_s, sh.stages(), true) ||
       !sized(in.vf_s, T, false) || !sized(in.vb_s, T, false) || !sized(in.out_s, T, false) ||
       !sized(in.bounds, T, true) || !sized(in.bytes, T, true) ||
       !sized(in.after_last_f_s, DM, true) || !sized(in.gen_shard_s, DM, true) ||
       (!in.gen_shard_s.empty() && !sized(in.gen_in_s, R, false)))
     return Internal("modality list scheduler: inputs of inconsistent sizes");
+  for (const StageOrder& o : in.orders)
+    for (const Step& st : o)
+      if ((st.kind == OpKind::kI || st.kind == OpKind::kW) && in.i_s.empty())
+        return Internal("modality list scheduler: a split backward without I and W times");
   for (const VisionTask& v : w.vision)
     if (v.rank < 0 || static_cast<size_t>(v.rank) >= R || v.d < 0 || v.d >= sh.dp || v.mb < 0 ||
         v.mb >= sh.m)

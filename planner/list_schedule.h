@@ -62,6 +62,7 @@ struct ListInput {
   PipelineShape shape;
   std::vector<StageOrder> orders;      // per stage: text compute order
   std::vector<double> f_s, b_s;        // per global stage: text F and B
+  std::vector<double> i_s, w_s;        // per global stage: I and W of a split backward
   std::vector<double> after_last_f_s;  // per (d * m + mb): work right after F of the last
                                        // stage (the generator's F and B), else empty
   // A generator split over every rank of its replica (a gang after the last stage's text

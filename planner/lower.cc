@@ -12,17 +12,16 @@ uint32_t CollectiveTag(OpKind kind, Module module, int32_t chunk, int bucket) {
 }
 
 std::vector<RankSeq> ExpandStages(const std::vector<StageOrder>& orders, const PipelineShape& shape,
-                                  const std::vector<WorkId>& f_work,
-                                  const std::vector<WorkId>& b_work) {
+                                  const TextWorkIds& works) {
   std::vector<RankSeq> seqs(static_cast<size_t>(shape.dp) * shape.pp);
   for (int d = 0; d < shape.dp; ++d) {
     for (int s = 0; s < shape.pp; ++s) {
       RankSeq& seq = seqs[shape.rank(d, s)];
       seq.reserve(orders[s].size() * 3 + 8);
       for (const Step& st : orders[s]) {
-        int g = st.chunk * shape.pp + s;
         OpKey k{shape.rank(d, s), st.kind, Module::kText, st.chunk, st.mb};
-        seq.push_back({k, st.kind == OpKind::kF ? f_work[g] : b_work[g]});
+        seq.push_back({k, works.of(st.kind, shape.global(st.chunk, s)),
+                       st.overlap_next ? kOverlapNextTag : 0});
       }
     }
   }
@@ -30,7 +29,6 @@ std::vector<RankSeq> ExpandStages(const std::vector<StageOrder>& orders, const P
 }
 
 void AddSendRecv(std::vector<RankSeq>* seqs, const PipelineShape& shape, WorkId p2p_work) {
-  if (shape.pp == 1) return;  // all stages on one rank: data stays local
   const int S = shape.stages();
   auto tag = [&](int d, int sender_stage, int mb, int dir) {
     return static_cast<uint32_t>(
@@ -40,27 +38,48 @@ void AddSendRecv(std::vector<RankSeq>* seqs, const PipelineShape& shape, WorkId 
     if (seq.empty()) continue;
     RankSeq out;
     out.reserve(seq.size() * 2 + 8);
-    for (const PendingOp& op : seq) {
-      const OpKey& k = op.key;
-      const int d = k.rank / shape.pp, s = k.rank % shape.pp, g = k.chunk * shape.pp + s;
-      auto p2p = [&](OpKind kind, int other_stage, int sender_stage, int dir) {
-        OpKey pk{
-            k.rank, kind, Module::kText, k.chunk, k.mb, -1, shape.rank(d, other_stage % shape.pp)};
-        out.push_back({pk, p2p_work, tag(d, sender_stage, k.mb, dir)});
-      };
-      if (k.module != Module::kText || (k.kind != OpKind::kF && k.kind != OpKind::kB)) {
-        out.push_back(op);
-        continue;
-      }
+    // The transfers of a text op: (kind, stage of the other end, sender stage, direction).
+    struct Transfer {
+      OpKind kind;
+      int other, sender, dir;
+    };
+    auto transfers = [&](const OpKey& k, bool recv) {
+      std::vector<Transfer> x;
+      if (k.module != Module::kText) return x;
+      const int s = k.rank % shape.pp, g = shape.global(k.chunk, s);
+      const bool backward = k.kind == OpKind::kB || k.kind == OpKind::kI;
       if (k.kind == OpKind::kF) {
-        if (g > 0) p2p(OpKind::kRecvF, g - 1, g - 1, 0);
-        out.push_back(op);
-        if (g < S - 1) p2p(OpKind::kSendF, g + 1, g, 0);
-      } else {
-        if (g < S - 1) p2p(OpKind::kRecvB, g + 1, g + 1, 1);
-        out.push_back(op);
-        if (g > 0) p2p(OpKind::kSendB, g - 1, g, 1);
+        if (recv && g > 0) x.push_back({OpKind::kRecvF, g - 1, g - 1, 0});
+        if (!recv && g < S - 1) x.push_back({OpKind::kSendF, g + 1, g, 0});
+      } else if (backward) {
+        if (recv && g < S - 1) x.push_back({OpKind::kRecvB, g + 1, g + 1, 1});
+        if (!recv && g > 0) x.push_back({OpKind::kSendB, g - 1, g, 1});
       }
+      // Stages on the same rank hand their data over locally.
+      std::erase_if(x, [&](const Transfer& t) { return shape.home(t.other).pp_rank == s; });
+      return x;
+    };
+    auto emit = [&](const PendingOp& op, bool recv, RankSeq* to) {
+      const OpKey& k = op.key;
+      const int d = k.rank / shape.pp;
+      for (const Transfer& t : transfers(k, recv)) {
+        OpKey pk{k.rank, t.kind,  Module::kText, k.chunk, k.mb, -1,
+                 shape.rank(d, shape.home(t.other).pp_rank)};
+        to->push_back({pk, p2p_work, tag(d, t.sender, k.mb, t.dir)});
+      }
+    };
+    for (size_t j = 0; j < seq.size(); ++j) {
+      // An overlapped pair receives both inputs first and sends both outputs after. A pair
+      // that modality work came between runs as two ops.
+      const bool text = seq[j].key.module == Module::kText;
+      if (text && seq[j].tag == kOverlapNextTag &&
+          (j + 1 == seq.size() || seq[j + 1].key.module != Module::kText))
+        seq[j].tag = 0;
+      const size_t n = text && seq[j].tag == kOverlapNextTag ? 2 : 1;
+      for (size_t q = j; q < j + n; ++q) emit(seq[q], true, &out);
+      for (size_t q = j; q < j + n; ++q) out.push_back(seq[q]);
+      for (size_t q = j; q < j + n; ++q) emit(seq[q], false, &out);
+      j += n - 1;
     }
     seq = std::move(out);
   }
@@ -75,14 +94,17 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
   for (int32_t r = 0; r < static_cast<int32_t>(seqs->size()); ++r) {
     RankSeq& seq = (*seqs)[r];
     const int s = r % shape.pp;
+    // Weight gradients of a chunk are complete after its last B or W.
+    auto weight_grad = [](const OpKey& k) {
+      return k.module == Module::kText && (k.kind == OpKind::kB || k.kind == OpKind::kW);
+    };
     std::vector<int> backwards_left(shape.vp, 0);
     for (const PendingOp& op : seq)
-      if (op.key.module == Module::kText && op.key.kind == OpKind::kB)
-        ++backwards_left[op.key.chunk];
+      if (weight_grad(op.key)) ++backwards_left[op.key.chunk];
     auto gathers = [&](RankSeq* out) {
       for (int c = 0; c < shape.vp; ++c) {
         OpKey gk{r, OpKind::kAllGather, Module::kText, c, -1, -1, dp_group_of_stage[s]};
-        out->push_back({gk, works.gather[c * shape.pp + s],
+        out->push_back({gk, works.gather[shape.global(c, s)],
                         CollectiveTag(OpKind::kAllGather, Module::kText, c)});
       }
     };
@@ -109,17 +131,18 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
     };
     for (const PendingOp& op : seq) {
       if (!IsP2P(op.key.kind)) flush();
-      const bool text_b = op.key.module == Module::kText && op.key.kind == OpKind::kB;
-      const bool last = sync && text_b && --backwards_left[op.key.chunk] == 0;
-      const int g = op.key.chunk * shape.pp + s;
+      const bool last = sync && weight_grad(op.key) && --backwards_left[op.key.chunk] == 0;
+      const int g = shape.global(op.key.chunk, s);
       if (!last) {
         out.push_back(op);
       } else if (buckets) {
-        for (size_t k = 0; k < works.bucket_piece[g].size(); ++k) {
+        const auto& pieces =
+            (op.key.kind == OpKind::kW ? works.bucket_piece_w : works.bucket_piece)[g];
+        for (size_t k = 0; k < pieces.size(); ++k) {
           flush();
           OpKey pk = op.key;
           pk.piece = static_cast<int32_t>(k);
-          out.push_back({pk, works.bucket_piece[g][k]});
+          out.push_back({pk, pieces[k], k + 1 == pieces.size() ? op.tag : 0});
           OpKey ck{r,  reduce, Module::kText,        op.key.chunk,
                    -1, -1,     dp_group_of_stage[s], static_cast<int32_t>(k)};
           pending.push_back(

@@ -19,16 +19,29 @@ using RankSeq = std::vector<PendingOp>;
 // Pipeline shape shared by the passes. Rank of (replica d, stage s) = d*pp + s.
 struct PipelineShape {
   int pp = 1, vp = 1, dp = 1, m = 1;
+  StagePlacement placement = StagePlacement::kLoop;
   int rank(int d, int stage) const { return d * pp + stage; }
   int stages() const { return pp * vp; }
+  // Global virtual stage of a chunk of pp rank `stage`, and the (pp rank, chunk) of one.
+  int global(int chunk, int stage) const { return GlobalStage(placement, pp, chunk, stage); }
+  StageHome home(int g) const { return HomeOf(placement, pp, g); }
 };
 
-// Text compute ops: stage orders replicated over DP replicas; work ids per global stage.
-std::vector<RankSeq> ExpandStages(const std::vector<StageOrder>& orders, const PipelineShape& shape,
-                                  const std::vector<WorkId>& f_work,
-                                  const std::vector<WorkId>& b_work);
+// Work ids per global stage of each text compute kind.
+struct TextWorkIds {
+  std::vector<WorkId> f, b, i, w;
+  WorkId of(OpKind k, int g) const {
+    return k == OpKind::kF ? f[g] : k == OpKind::kI ? i[g] : k == OpKind::kW ? w[g] : b[g];
+  }
+};
 
-// SEND right after the producing op, RECV right before the consuming op. Consecutive
+// Text compute ops: stage orders replicated over DP replicas. A step that overlaps the
+// next gets kOverlapNextTag.
+std::vector<RankSeq> ExpandStages(const std::vector<StageOrder>& orders, const PipelineShape& shape,
+                                  const TextWorkIds& works);
+
+// SEND right after the producing op (F, and B or I), RECV right before the consuming op
+// (an overlapped pair: both RECVs before the pair, both SENDs after it). Consecutive
 // SEND/RECV ops on a rank form one group posted together (Megatron's batched p2p).
 // Tags pair them: 1 + ((replica*stages + sender stage)*m + mb)*2 + direction.
 void AddSendRecv(std::vector<RankSeq>* seqs, const PipelineShape& shape, WorkId p2p_work);
@@ -41,6 +54,7 @@ struct GradSyncWorks {
   // micro-batch's backward as bucket pieces (piece 0 = the last layers, run first) and the
   // reduction of each bucket, posted as soon as its piece has run. Empty: not overlapped.
   std::vector<std::vector<WorkId>> bucket_piece, bucket_reduce;
+  std::vector<std::vector<WorkId>> bucket_piece_w;  // the same pieces of W (split backward)
   // overlap_param_gather: the all-gathers open the step (they fetch the parameters the
   // previous step's optimizer updated) and each chunk's first forward waits for its own.
   bool gather_first = false;

@@ -20,7 +20,7 @@ int FirstStage(const PipelineShape& s, int d) {
   return s.rank(d, 0);
 }
 int LastStage(const PipelineShape& s, int d) {
-  return s.rank(d, s.pp - 1);
+  return s.rank(d, s.home(s.stages() - 1).pp_rank);
 }
 
 Anchor Before(OpKind k, int chunk, int mb) {
@@ -88,6 +88,9 @@ Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const 
     for (size_t i = 0; i < (*seqs)[r].size(); ++i) {
       const OpKey& k = (*seqs)[r][i].key;
       pos[r][{static_cast<int>(k.kind), k.chunk, k.mb}] = i;
+      // The I of a split backward is where the backward's anchors are (it produces the
+      // input gradient).
+      if (k.kind == OpKind::kI) pos[r][{static_cast<int>(OpKind::kB), k.chunk, k.mb}] = i;
     }
   // Insertions: (position, slot, sequence number) -> op. Slots order ops at one position:
   // 0 gradient sends after a text backward, 1 modality compute (and their RECV_B / SEND_F

@@ -45,6 +45,8 @@ ListInput ListInputOf(const Config& c, const PipelineShape& shape,
   for (int g = 0; g < shape.stages(); ++g) {
     in.f_s.push_back(compute(tw.f[g]));
     in.b_s.push_back(compute(tw.b[g]));
+    in.i_s.push_back(compute(tw.i[g]));
+    in.w_s.push_back(compute(tw.w[g]));
   }
   in.next_p2p_s.assign(ranks.size(), 0.0);
   for (size_t r = 0; r + 1 < ranks.size(); ++r)
@@ -59,7 +61,8 @@ ListInput ListInputOf(const Config& c, const PipelineShape& shape,
     }
     in.gen_in_s.assign(ranks.size(), 0.0);
     for (size_t r = 0; r < ranks.size(); ++r) {
-      const int last = shape.rank(static_cast<int>(r) / shape.pp, shape.pp - 1);
+      const int last =
+          shape.rank(static_cast<int>(r) / shape.pp, shape.home(shape.stages() - 1).pp_rank);
       if (static_cast<int>(r) != last)
         in.gen_in_s[r] = cost.P2PSeconds(tw.p2p_bytes, ranks[r].node == ranks[last].node);
     }
@@ -138,7 +141,7 @@ double PipelinedBudget(const Config& c, const PipelineShape& shape, const TextWo
   for (int s = 0; s < shape.pp; ++s) {
     double stage = 0;
     for (int ch = 0; ch < shape.vp; ++ch) {
-      const int g = ch * shape.pp + s;
+      const int g = shape.global(ch, s);
       for (const Work* w : {&tw.f[g], &tw.b[g]})
         stage +=
             cost.ComputeSeconds(*w, gpus, c.parallel.tp, c.parallel.ep, c.cluster.gpus_per_node);
@@ -283,7 +286,8 @@ struct ModalityLayout {
 // stages under `inline`, every rank otherwise (decoupled and the list-scheduled policies
 // place encoder work anywhere); the generator on the last stages, or on every rank when
 // the list-scheduled policies split it over its replica.
-std::vector<ModalityLayout> ModalityLayouts(const Config& c, const std::vector<RankInfo>& ranks,
+std::vector<ModalityLayout> ModalityLayouts(const Config& c, const PipelineShape& shape,
+                                            const std::vector<RankInfo>& ranks,
                                             const ModalityWork& params_only) {
   const ModalityPolicy policy = c.schedule.modality;
   const bool listed = policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill ||
@@ -300,7 +304,7 @@ std::vector<ModalityLayout> ModalityLayouts(const Config& c, const std::vector<R
       [&](const RankInfo& r) { return policy != ModalityPolicy::kInline || r.pp == 0; });
   add(Module::kGenerator, c.model.generator.placement, params_only.generator_params, c.parallel.tp,
       [&](const RankInfo& r) {
-        return (listed && c.parallel.pp > 1) || r.pp == c.parallel.pp - 1;
+        return (listed && c.parallel.pp > 1) || r.pp == shape.home(shape.stages() - 1).pp_rank;
       });
   return out;
 }
@@ -344,10 +348,18 @@ StatusOr<Config> ConfigOfPlan(const Table& plan, const std::string& plan_path,
 
 StatusOr<Table> BuildPlan(const Config& c) {
   const ParallelConfig& p = c.parallel;
-  PipelineShape shape{p.pp, p.vp, p.dp, c.training.microbatches};
+  PipelineShape shape{p.pp, p.vp, p.dp, c.training.microbatches, PlacementOf(c.schedule.pipeline)};
   const PipelineKind pipeline = c.schedule.pipeline;
-  ASSIGN_OR_RETURN(auto orders, TextSchedule(pipeline, p.pp, p.vp, shape.m,
-                                             p.microbatch_group_size_per_vp_stage));
+  std::vector<StageOrder> orders;
+  if (pipeline == PipelineKind::kCsv) {
+    ASSIGN_OR_RETURN(TorchCsvSchedule csv, ReadTorchCsvSchedule(c.schedule.csv, p.pp, p.vp, shape.m));
+    orders = std::move(csv.orders);
+    shape.placement = csv.placement;
+  } else {
+    ASSIGN_OR_RETURN(orders, TextSchedule(pipeline, p.pp, p.vp, shape.m,
+                                          p.microbatch_group_size_per_vp_stage,
+                                          c.schedule.zb_max_pending));
+  }
   TextWorkload tw = BuildTextWorkload(c);
   StepBatch batch;
   if (Multimodal(c)) {
@@ -357,10 +369,10 @@ StatusOr<Table> BuildPlan(const Config& c) {
   const double world = c.world();
   ModalityWork params_only =
       Multimodal(c) ? BuildModalityWork(c, StepBatch{}, VisionPool{}, false) : ModalityWork{};
-  const std::vector<ModalityLayout> layouts = ModalityLayouts(c, ranks, params_only);
+  const std::vector<ModalityLayout> layouts = ModalityLayouts(c, shape, ranks, params_only);
   for (int32_t r = 0; r < static_cast<int32_t>(ranks.size()); ++r) {
     for (int ch = 0; ch < p.vp; ++ch)
-      ranks[r].params[0] += tw.params_per_gpu[ch * p.pp + ranks[r].pp];
+      ranks[r].params[0] += tw.params_per_gpu[shape.global(ch, ranks[r].pp)];
     for (const ModalityLayout& l : layouts) {
       const int m = static_cast<int>(l.module);
       ranks[r].params[m] = l.per_gpu(r, world);
@@ -369,12 +381,14 @@ StatusOr<Table> BuildPlan(const Config& c) {
   }
   TableBuilder b(ranks);
 
-  std::vector<WorkId> f_work, b_work;
+  TextWorkIds text_work;
   GradSyncWorks sync;
   const double grad_bytes = c.training.grad_reduce_dtype == GradDtype::kFp32 ? 4 : 2;
   for (int g = 0; g < shape.stages(); ++g) {
-    f_work.push_back(b.AddWork(tw.f[g]));
-    b_work.push_back(b.AddWork(tw.b[g]));
+    text_work.f.push_back(b.AddWork(tw.f[g]));
+    text_work.b.push_back(b.AddWork(tw.b[g]));
+    text_work.i.push_back(b.AddWork(tw.i[g]));
+    text_work.w.push_back(b.AddWork(tw.w[g]));
     Work reduce, gather;
     reduce.payload_bytes = tw.params_per_gpu[g] * grad_bytes;
     gather.payload_bytes = tw.params_per_gpu[g] * 2;  // bf16 parameters
@@ -391,17 +405,18 @@ StatusOr<Table> BuildPlan(const Config& c) {
       const int want = static_cast<int>(
           std::ceil(tw.params_per_gpu[g] / static_cast<double>(c.training.grad_bucket_size)));
       const int n = L == 0 ? 1 : std::clamp(want, 1, std::min(L, kMaxBuckets));
-      std::vector<WorkId> pieces, reduces;
+      std::vector<WorkId> pieces, pieces_w, reduces;
       for (int k = 0; k < n; ++k) {
         const int lo = L - (k + 1) * L / n, hi = L - k * L / n;
-        const Work piece = L == 0 ? bw : LayerShare(bw, lo, hi);
         Work reduce;
         reduce.payload_bytes =
             tw.params_per_gpu[g] * grad_bytes * (L == 0 ? 1.0 : double(hi - lo) / L);
-        pieces.push_back(b.AddWork(piece));
+        pieces.push_back(b.AddWork(L == 0 ? bw : LayerShare(bw, lo, hi)));
+        pieces_w.push_back(b.AddWork(L == 0 ? tw.w[g] : LayerShare(tw.w[g], lo, hi)));
         reduces.push_back(b.AddWork(reduce));
       }
       sync.bucket_piece.push_back(std::move(pieces));
+      sync.bucket_piece_w.push_back(std::move(pieces_w));
       sync.bucket_reduce.push_back(std::move(reduces));
     }
     sync.gather_first = c.training.overlap_param_gather;
@@ -431,7 +446,7 @@ StatusOr<Table> BuildPlan(const Config& c) {
     }
   }
 
-  std::vector<RankSeq> seqs = ExpandStages(orders, shape, f_work, b_work);
+  std::vector<RankSeq> seqs = ExpandStages(orders, shape, text_work);
   std::vector<ModalitySync> modality_sync;
   if (Multimodal(c)) {
     RETURN_IF_ERROR(AddModality(c, shape, batch, orders, tw, ranks, &b, &seqs));
@@ -468,6 +483,7 @@ StatusOr<Table> BuildPlan(const Config& c) {
   meta.modality = Multimodal(c) ? std::string(ModalityName(c.schedule.modality)) : "";
   meta.pp = p.pp, meta.vp = p.vp, meta.dp = p.dp, meta.tp = p.tp, meta.cp = p.cp, meta.ep = p.ep;
   meta.microbatches = shape.m;
+  meta.placement = shape.placement;
   meta.gpus_per_node = c.cluster.gpus_per_node;
   meta.tokens_per_step =
       Multimodal(c) ? static_cast<double>(batch.tokens) : tw.tokens_per_mb * shape.m * p.dp;

@@ -99,18 +99,22 @@ Status CheckPairs(const Table& t) {
   return Status::Ok();
 }
 
-// Text data flow: F(g, m) after its input, B(g, m) after F(g, m) and its gradient input.
+// Text data flow: F(g, m) after its input, B(g, m) after F(g, m) and its gradient input; a
+// split backward: I(g, m) in B's place, then W(g, m) on the same rank over the same layers.
 Status CheckFlow(const Table& t) {
   const PlanMeta& m = t.meta();
   const int pp = m.pp, vp = m.vp, M = m.microbatches, S = pp * vp;
   if (t.num_ranks() != m.dp * pp)
     return InvalidPlan(
         fmt::format("plan has {} ranks, expected dp*pp = {}", t.num_ranks(), m.dp * pp));
-  // Dense index (rank, chunk, mb) -> op for F, B, RECV_F, RECV_B of text, and the last
-  // piece of a backward split into bucket pieces (idx[1] holds its first piece, which
-  // takes the gradient; the last one produces the gradient for the stage before).
+  if (m.placement == StagePlacement::kV && vp % 2 != 0)
+    return InvalidPlan(fmt::format("V placement needs an even vp, got {}", vp));
+  // Dense index (rank, chunk, mb) -> op. Slots: 0 F, 1 the backward producing the input
+  // gradient (B or I; a B split into bucket pieces: its first piece, which takes the
+  // gradient), 2 RECV_F, 3 RECV_B, 4 the last piece of that backward (which produces the
+  // gradient for the stage before), 5 W (its first piece), 6 the last piece of W.
   const size_t slots = static_cast<size_t>(t.num_ranks()) * vp * M;
-  std::vector<OpId> idx[5];
+  std::vector<OpId> idx[7];
   for (auto& v : idx) v.assign(slots, UINT32_MAX);
   auto slot = [&](int32_t r, int32_t c, int32_t mb) {
     return (static_cast<size_t>(r) * vp + c) * M + mb;
@@ -123,6 +127,7 @@ Status CheckFlow(const Table& t) {
         which = 0;
         break;
       case OpKind::kB:
+      case OpKind::kI:
         which = 1;
         break;
       case OpKind::kRecvF:
@@ -130,6 +135,9 @@ Status CheckFlow(const Table& t) {
         break;
       case OpKind::kRecvB:
         which = 3;
+        break;
+      case OpKind::kW:
+        which = 5;
         break;
       default:
         continue;
@@ -139,25 +147,26 @@ Status CheckFlow(const Table& t) {
           "{}: chunk or micro-batch out of range (vp = {}, micro-batches = {})", t.str(i), vp, M));
     const size_t at = slot(t.rank(i), t.chunk(i), t.mb(i));
     const Work& w = t.work(i);
-    if (which < 2 && (w.layer_begin < 0 || w.layer_end < w.layer_begin))
+    if (which != 2 && which != 3 && (w.layer_begin < 0 || w.layer_end < w.layer_begin))
       return InvalidPlan(fmt::format("{}: its work has no layer range", t.str(i)));
-    if (which == 1 && t.piece(i) > 0) {  // pieces in order, one after another, layers adjacent
-      OpId prev = idx[4][at];
-      if (prev == UINT32_MAX || t.piece(prev) != t.piece(i) - 1)
+    const int last_slot = which == 5 ? 6 : 4;
+    if ((which == 1 || which == 5) && t.piece(i) > 0) {  // pieces in order, layers adjacent
+      OpId prev = idx[last_slot][at];
+      if (prev == UINT32_MAX || t.piece(prev) != t.piece(i) - 1 || t.kind(prev) != t.kind(i))
         return InvalidPlan(fmt::format("{}: runs before the piece of its later layers", t.str(i)));
       if (t.work(prev).layer_begin != w.layer_end)
         return InvalidPlan(
             fmt::format("{}: its layers do not end where {} begins", t.str(i), t.str(prev)));
-      idx[4][at] = i;
+      idx[last_slot][at] = i;
       continue;
     }
     OpId& s = idx[which][at];
     if (s != UINT32_MAX) return InvalidPlan(fmt::format("{}: appears twice", t.str(i)));
     s = i;
-    if (which == 1) idx[4][at] = i;
+    if (which == 1 || which == 5) idx[last_slot][at] = i;
   }
-  auto name = [&](int kind, int32_t r, int32_t c, int32_t mb) {
-    return FormatOp(OpKey{r, kind == 0 ? OpKind::kF : OpKind::kB, Module::kText, c, mb});
+  auto name = [&](OpKind kind, int32_t r, int32_t c, int32_t mb) {
+    return FormatOp(OpKey{r, kind, Module::kText, c, mb});
   };
   // Producer `prod` (on rank pr) must reach consumer `cons` on rank r: locally earlier, or
   // through a RECV on r (before cons) whose SEND comes after prod.
@@ -186,14 +195,15 @@ Status CheckFlow(const Table& t) {
   for (int d = 0; d < m.dp; ++d) {
     for (int mb = 0; mb < M; ++mb) {
       for (int g = 0; g < S; ++g) {
-        const int32_t r = d * pp + g % pp, c = g / pp;
+        const StageHome h = m.home(g);
+        const int32_t r = d * pp + h.pp_rank, c = h.chunk;
         OpId f = idx[0][slot(r, c, mb)], b = idx[1][slot(r, c, mb)];
         if (f == UINT32_MAX)
-          return InvalidPlan(
-              fmt::format("micro-batch {} of replica {} skips {}", mb, d, name(0, r, c, mb)));
+          return InvalidPlan(fmt::format("micro-batch {} of replica {} skips {}", mb, d,
+                                         name(OpKind::kF, r, c, mb)));
         if (b == UINT32_MAX)
-          return InvalidPlan(
-              fmt::format("micro-batch {} of replica {} skips {}", mb, d, name(1, r, c, mb)));
+          return InvalidPlan(fmt::format("micro-batch {} of replica {} skips {}", mb, d,
+                                         name(OpKind::kB, r, c, mb)));
         if (b < f) return InvalidPlan(fmt::format("{}: runs before {}", t.str(b), t.str(f)));
         // The backward covers the forward's layers (whole, or its pieces end to end).
         const OpId last = idx[4][slot(r, c, mb)];
@@ -201,13 +211,27 @@ Status CheckFlow(const Table& t) {
             t.work(last).layer_begin != t.work(f).layer_begin)
           return InvalidPlan(
               fmt::format("{}: does not cover the layers of {}", t.str(b), t.str(f)));
+        const OpId w = idx[5][slot(r, c, mb)];
+        if (t.kind(b) == OpKind::kI) {
+          if (w == UINT32_MAX)
+            return InvalidPlan(fmt::format("{}: its weight gradient {} never runs", t.str(b),
+                                           name(OpKind::kW, r, c, mb)));
+          if (w < b) return InvalidPlan(fmt::format("{}: runs before {}", t.str(w), t.str(b)));
+          if (t.work(w).layer_end != t.work(f).layer_end ||
+              t.work(idx[6][slot(r, c, mb)]).layer_begin != t.work(f).layer_begin)
+            return InvalidPlan(
+                fmt::format("{}: does not cover the layers of {}", t.str(w), t.str(f)));
+        } else if (w != UINT32_MAX) {
+          return InvalidPlan(
+              fmt::format("{}: a weight gradient for {}, a full backward", t.str(w), t.str(b)));
+        }
         if (g > 0) {
-          const int32_t pr = d * pp + (g - 1) % pp, pc = (g - 1) / pp;
-          RETURN_IF_ERROR(arrives(idx[0][slot(pr, pc, mb)], f, 2));
+          const StageHome p = m.home(g - 1);
+          RETURN_IF_ERROR(arrives(idx[0][slot(d * pp + p.pp_rank, p.chunk, mb)], f, 2));
         }
         if (g < S - 1) {
-          const int32_t nr = d * pp + (g + 1) % pp, nc = (g + 1) / pp;
-          RETURN_IF_ERROR(arrives(idx[4][slot(nr, nc, mb)], b, 3));
+          const StageHome n = m.home(g + 1);
+          RETURN_IF_ERROR(arrives(idx[4][slot(d * pp + n.pp_rank, n.chunk, mb)], b, 3));
         }
       }
     }
@@ -229,7 +253,8 @@ Status CheckModality(const Table& t) {
     const Module mod = t.module(i);
     const OpKind k = t.kind(i);
     if (mod == Module::kOptimizer || IsCollective(k)) continue;
-    if (mod == Module::kText && !(k == OpKind::kF || k == OpKind::kB || k == OpKind::kSendB))
+    if (mod == Module::kText &&
+        !(k == OpKind::kF || k == OpKind::kB || k == OpKind::kI || k == OpKind::kSendB))
       continue;
     Key key{t.rank(i), static_cast<int>(mod), static_cast<int>(k), t.chunk(i), t.mb(i), t.task(i),
             t.piece(i)};
@@ -247,6 +272,8 @@ Status CheckModality(const Table& t) {
   auto text = [&](int32_t rank, OpKind k, int32_t chunk, int32_t mb, bool last_piece = false) {
     OpId i = find(rank, Module::kText, k, chunk, mb, -1);
     if (i != UINT32_MAX || k != OpKind::kB) return i;
+    i = find(rank, Module::kText, OpKind::kI, chunk, mb, -1);  // a split backward
+    if (i != UINT32_MAX) return i;
     i = find(rank, Module::kText, k, chunk, mb, -1, 0);
     for (int32_t p = 1; last_piece && i != UINT32_MAX; ++p) {
       OpId next = find(rank, Module::kText, k, chunk, mb, -1, p);
@@ -277,7 +304,8 @@ Status CheckModality(const Table& t) {
   };
   for (OpId i : modal) {
     const int32_t d = t.ranks()[t.rank(i)].dp, mb = t.mb(i), task = t.task(i);
-    const int32_t last = d * m.pp + m.pp - 1;
+    const StageHome end = m.home(m.pp * m.vp - 1);
+    const int32_t last = d * m.pp + end.pp_rank;
     if (t.module(i) == Module::kVision && t.piece(i) >= 0) {
       // Layer-group pieces on one rank: forwards in piece order, backwards in reverse,
       // each backward after its own forward; the last piece carries the task's data flow.
@@ -325,12 +353,12 @@ Status CheckModality(const Table& t) {
       // A generator split over the replica's ranks: shard = chunk, its input and gradient
       // travel as generator SEND/RECV of that chunk.
       const int32_t shard = t.chunk(i);
-      RETURN_IF_ERROR(arrives(text(last, OpKind::kF, m.vp - 1, mb), i, Module::kGenerator,
+      RETURN_IF_ERROR(arrives(text(last, OpKind::kF, end.chunk, mb), i, Module::kGenerator,
                               OpKind::kRecvF, shard, -1, "its input from"));
       OpId back = find(t.rank(i), Module::kGenerator, OpKind::kB, shard, mb, -1);
       if (back == UINT32_MAX || back < i)
         return InvalidPlan(fmt::format("{}: has no generator backward after it", t.str(i)));
-      OpId text_b = text(last, OpKind::kB, m.vp - 1, mb);
+      OpId text_b = text(last, OpKind::kB, end.chunk, mb);
       if (text_b == UINT32_MAX)
         return InvalidPlan(fmt::format("{}: micro-batch {} has no text backward", t.str(i), mb));
       RETURN_IF_ERROR(arrives(back, text_b, shard >= 0 ? Module::kGenerator : Module::kText,

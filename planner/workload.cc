@@ -1,5 +1,7 @@
 #include "planner/workload.h"
 
+#include <algorithm>
+
 namespace pipeplan {
 namespace {
 
@@ -111,6 +113,15 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer) {
     lc.fp8_cast_b =
         4 * ((q + 2 * kv) + h + ffn_elems * (l.gated_ffn ? 2 : 1) + copies * h) * T / shard;
   }
+  {
+    // Linear inputs (QKV h, projection q, FC1 h per routed copy, FC2 the FFN width) and
+    // output gradients (QKV q + 2kv, projection h, FC1 the FFN width, x2 gated, FC2 h per
+    // routed copy), bf16, sharded as the activations are.
+    const double copies = moe_layer ? l.moe.top_k + l.moe.shared_experts : 1;
+    lc.wgrad_keep_bytes = 2 * ((h + q + copies * h + ffn_elems) +
+                               ((q + 2 * kv) + h + ffn_elems * (l.gated_ffn ? 2 : 1) + copies * h)) *
+                          T / shard;
+  }
   if (p.tp > 1) {  // sequence parallel: 2 all-gathers + 2 reduce-scatters (= 2 all-reduces) per F
     lc.tp_calls = c.training.sequence_parallel ? 4 : 2;
     lc.tp_bytes = 2 * (2 * (tp - 1) / tp) * (T / cp) * h * kBf16;
@@ -157,7 +168,7 @@ TextWorkload BuildTextWorkload(const Config& c) {
   for (const StageSpan& span : p.stages) {
     Work f, bw;
     double params = 0, act = 0, attn_core = 0, attn_hbm_f = 0, attn_hbm_b = 0;
-    double linear = 0, cast_f = 0, cast_b = 0;
+    double linear = 0, cast_f = 0, cast_b = 0, keep = 0;
     f.layer_begin = bw.layer_begin = span.layer_begin;
     f.layer_end = bw.layer_end = span.layer_end;
     for (int layer = span.layer_begin; layer < span.layer_end; ++layer) {
@@ -169,6 +180,7 @@ TextWorkload BuildTextWorkload(const Config& c) {
       linear += lc.linear_flops, cast_f += lc.fp8_cast_f, cast_b += lc.fp8_cast_b;
       params += lc.params_per_gpu;
       act += lc.act_bytes;
+      keep += lc.wgrad_keep_bytes;
       f.hbm_bytes += lc.elementwise_bytes;
       f.tp_bytes += lc.tp_bytes, f.tp_calls += lc.tp_calls;
       f.ep_bytes += lc.ep_bytes, f.ep_calls += lc.ep_calls;
@@ -185,6 +197,7 @@ TextWorkload BuildTextWorkload(const Config& c) {
       f.flops += 2 * T * h * V;
       f.model_flops += 2 * T * h * V;
       act += T * V * 4 / shard;  // fp32 softmax kept for the backward
+      keep += 2 * T * h / sp_shard + 2 * T * V / shard;  // logits input and gradient
       loss_hbm = 2 * T * V * 4 / shard;
       f.hbm_bytes += loss_hbm;
       f.kernels += 3;
@@ -216,8 +229,22 @@ TextWorkload BuildTextWorkload(const Config& c) {
     bw.ep_bytes = f.ep_bytes * again, bw.ep_calls = f.ep_calls * again;
     bw.kernels = 2 * f.kernels;
     bw.mem_delta_bytes = -act;
+    // W: the weight gradient of every parametric GEMM (as many FLOPs as its forward);
+    // I: the rest.
+    Work wg;
+    wg.layer_begin = bw.layer_begin, wg.layer_end = bw.layer_end;
+    wg.flops = wg.model_flops = f.flops - attn_core;
+    wg.fp8_flops = fp8 ? linear : 0;
+    wg.kernels = std::max(1, bw.kernels / 4);
+    wg.mem_delta_bytes = -keep;
+    Work in = bw;
+    in.flops -= wg.flops, in.model_flops -= wg.model_flops, in.fp8_flops -= wg.fp8_flops;
+    in.kernels = std::max(1, bw.kernels - wg.kernels);
+    in.mem_delta_bytes = keep - act;
     w.f.push_back(f);
     w.b.push_back(bw);
+    w.i.push_back(in);
+    w.w.push_back(wg);
     w.params_per_gpu.push_back(params);
   }
   return w;

@@ -28,10 +28,18 @@ struct LayerCost {
   int tp_calls = 0;
   double ep_bytes = 0;  // MoE all-to-all bytes per GPU, forward
   int ep_calls = 0;
+  // A split backward: bytes per GPU its weight-gradient pass (W) needs after the input-
+  // gradient pass (I): every linear layer's input and output gradient, bf16.
+  double wgrad_keep_bytes = 0;
 };
 
 struct TextWorkload {
   std::vector<Work> f, b;              // per global virtual stage (chunk*pp + stage)
+  // The backward split (zero-bubble schedules): I computes the input gradient (all of the
+  // core attention, recompute, memory-bound kernels and folded communication, and the
+  // linear layers' data gradients) and frees what W does not need; W computes the weight
+  // gradients of every parametric GEMM and frees the rest. I + W = B in every amount.
+  std::vector<Work> i, w;
   std::vector<double> params_per_gpu;  // per global virtual stage
   double p2p_bytes = 0;                // activation (or gradient) bytes per GPU between stages
   double p2p_gather_bytes = 0;         // scatter/gather p2p: NVLink all-gather bytes per GPU

@@ -20,6 +20,12 @@ CostModel CostModel::Real(const GpuSpec& spec) {
 
 double CostModel::ComputeSeconds(const Work& w, int gpus, int tp, int ep, int gpus_per_node,
                                  bool fold_across_nodes) const {
+  const Parts p = ComputeParts(w, gpus, tp, ep, gpus_per_node, fold_across_nodes);
+  return p.kernels + p.comm;
+}
+
+CostModel::Parts CostModel::ComputeParts(const Work& w, int gpus, int tp, int ep,
+                                         int gpus_per_node, bool fold_across_nodes) const {
   const GpuSpec& s = spec_;
   const double per_gpu = 1.0 / std::max(gpus, 1);
   double gemm_s =
@@ -27,7 +33,9 @@ double CostModel::ComputeSeconds(const Work& w, int gpus, int tp, int ep, int gp
   if (w.fp8_flops > 0) gemm_s += w.fp8_flops * per_gpu / (s.fp8_flops * s.compute_efficiency);
   double attn_s = w.attn_flops * per_gpu / (s.bf16_flops * s.attention_efficiency);
   double mem_s = w.hbm_bytes / (s.hbm_bw * s.hbm_efficiency);
-  double t = gemm_s + attn_s + mem_s + w.kernels * s.launch_s;
+  Parts parts;
+  parts.kernels = gemm_s + attn_s + mem_s + w.kernels * s.launch_s;
+  double& t = parts.comm;
   const double nvl = s.nvlink_bw * s.nvlink_efficiency, nic = s.nic_bw * s.nic_efficiency;
   if (w.tp_calls > 0)
     t += fold_across_nodes ? w.tp_calls * s.inter_latency_s + w.tp_bytes / nic
@@ -40,7 +48,7 @@ double CostModel::ComputeSeconds(const Work& w, int gpus, int tp, int ep, int gp
     double alpha = k == ep ? s.intra_latency_s : s.inter_latency_s;
     t += w.ep_calls * alpha + std::max(intra / nvl, inter / nic);
   }
-  return t;
+  return parts;
 }
 
 double CostModel::P2PSeconds(double bytes, bool same_node) const {
@@ -102,6 +110,18 @@ std::vector<double> CostModel::Durations(const Table& t) const {
     groups[g] = {static_cast<int>(t.group(g).size()), most, static_cast<int>(per_node.size())};
   }
   std::vector<double> compute_cache(t.works().size(), -1.0);
+  // Overlapped pairs: the first op keeps its kernels, the second takes its own kernels and
+  // what of the pair's communication the two kernels' time does not hide.
+  std::vector<OpId> pair_second(t.size(), UINT32_MAX);
+  for (int32_t r = 0; r < t.num_ranks(); ++r)
+    for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) {
+      if (!t.overlaps_next(i)) continue;
+      for (OpId j = i + 1; j < t.rank_end(r); ++j)
+        if (IsCompute(t.kind(j))) {
+          pair_second[i] = j;
+          break;
+        }
+    }
   for (OpId i = 0; i < t.size(); ++i) {
     const OpKind k = t.kind(i);
     const Work& w = t.work(i);
@@ -118,6 +138,15 @@ std::vector<double> CostModel::Durations(const Table& t) const {
       if (c < 0) c = ComputeSeconds(w, r.gpus, m.tp, m.ep, m.gpus_per_node);
       d[i] = c;
     }
+  }
+  for (OpId i = 0; i < t.size(); ++i) {
+    const OpId j = pair_second[i];
+    if (j == UINT32_MAX) continue;
+    const RankInfo& r = ranks[t.rank(i)];
+    const Parts a = ComputeParts(t.work(i), r.gpus, m.tp, m.ep, m.gpus_per_node);
+    const Parts b = ComputeParts(t.work(j), r.gpus, m.tp, m.ep, m.gpus_per_node);
+    d[i] = a.kernels;
+    d[j] = b.kernels + std::max(0.0, a.comm + b.comm - a.kernels - b.kernels);
   }
   return d;
 }

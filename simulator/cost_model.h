@@ -32,6 +32,15 @@ class CostModel {
   // several nodes) and run at NIC rather than NVLink speed.
   double ComputeSeconds(const Work& w, int gpus, int tp, int ep, int gpus_per_node,
                         bool fold_across_nodes = false) const;
+  // The same in two parts: kernels (GEMMs, attention, memory-bound, launches) and the
+  // folded TP/CP and EP communication. An overlapped F/B pair (DualPipeV) hides each one's
+  // communication behind the other's kernels: it takes max(kernels, communication) of the
+  // two together.
+  struct Parts {
+    double kernels = 0, comm = 0;
+  };
+  Parts ComputeParts(const Work& w, int gpus, int tp, int ep, int gpus_per_node,
+                     bool fold_across_nodes = false) const;
   double P2PSeconds(double bytes, bool same_node) const;
   double P2PSeconds(const Work& w, bool same_node) const;  // + a folded all-gather (tp_bytes)
   // n: group members; per_node: most members on one node; nodes: nodes spanned.

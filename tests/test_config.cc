@@ -83,7 +83,8 @@ TEST_CASE("wrong type, bad enum, missing key") {
         "cfg.yaml:14:7: 'parallelism.pp' must be an integer, got 'four'\n    pp: four\n        ^");
   CHECK(Error(std::string(kBase) + "schedule:\n  pipeline: 2f2b\n") ==
         "cfg.yaml:19:13: bad value '2f2b' for 'schedule.pipeline' (expected one of: gpipe, 1f1b, "
-        "interleaved-1f1b)\n    pipeline: 2f2b\n              ^");
+        "interleaved-1f1b, zb-h1, zb-h2, zbv, dualpipev, interleaved-zb, csv)\n    pipeline: "
+        "2f2b\n              ^");
   CHECK(Error(Replace(kBase, "    hidden: 256\n", "")) ==
         "cfg.yaml:7:5: missing required key 'model.llm.hidden'\n      layers: 8\n      ^");
   CHECK(Error(Replace(kBase, "  pp: 4", "  pp: 0")) ==

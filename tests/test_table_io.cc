@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/table_io.h"
+#include "core/torch_csv.h"
 #include "helpers.h"
 
 using namespace pipeplan;
@@ -45,7 +46,9 @@ TEST_CASE("round-trips keep layer-group pieces and a split generator") {
 TEST_CASE("torch CSV lists compute actions per rank in order, stage = chunk * pp + rank") {
   Table t = Plan(SmallConfig(PipelineKind::kInterleaved1F1B, 2, 2, 4));
   // Rank 1's order (see test_schedules): F0.0 F0.1 F1.0 B1.0 ... -> stages 1, 1, 3, 3, ...
-  std::string csv = ToTorchCsv(t);
+  size_t left_out = 1;
+  std::string csv = ToTorchCsv(t, 0, false, &left_out).value();
+  CHECK(left_out == 0);
   CHECK(csv ==
         "0F0,0F1,2F0,2F1,0F2,2B0,0F3,2B1,2F2,0B0,2F3,0B1,2B2,2B3,0B2,0B3\n"
         "1F0,1F1,3F0,3B0,3F1,3B1,1F2,1B0,1F3,1B1,3F2,3B2,3F3,3B3,1B2,1B3\n");
