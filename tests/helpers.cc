@@ -28,7 +28,6 @@ Config ParseYaml(const std::string& yaml, std::vector<std::string> sets) {
 
 Config SmallConfig(PipelineKind kind, int pp, int vp, int m, int dp,
                    std::vector<std::string> sets) {
-  const char* names[] = {"gpipe", "1f1b", "interleaved-1f1b"};
   std::string yaml = fmt::format(R"(
 cluster: {{gpu: H100, nodes: 1, gpus_per_node: {}}}
 model:
@@ -37,7 +36,7 @@ parallelism: {{tp: 1, pp: {}, vp: {}}}
 training: {{seq_length: 128, micro_batch_size: 1, microbatches: {}}}
 schedule: {{pipeline: {}}}
 )",
-                                 pp * dp, 2 * pp * vp, pp, vp, m, names[static_cast<int>(kind)]);
+                                 pp * dp, 2 * pp * vp, pp, vp, m, PipelineName(kind));
   return ParseYaml(yaml, std::move(sets));
 }
 
