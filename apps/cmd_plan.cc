@@ -46,6 +46,9 @@ Command MakePlanCommand() {
       auto pf = o->format.empty() ? FormatFromPath(o->output) : ParsePlanFormat(o->format);
       if (!pf.ok()) return Report(pf.status());
       const PlanFormat f = *pf;
+      const bool csv_format = f == PlanFormat::kTorchCsv || f == PlanFormat::kTorchCsvComms;
+      if (o->replica != 0 && !csv_format)
+        return Report(InvalidInput("--replica applies to torch-csv and torch-csv-comms only"));
       if (f == PlanFormat::kTorchCsv || f == PlanFormat::kTorchCsvComms) {
         size_t left_out = 0;
         auto csv = ToTorchCsv(*table, o->replica, f == PlanFormat::kTorchCsvComms, &left_out);

@@ -151,6 +151,17 @@ TEST_CASE("every new schedule runs each pass once, I before W, and keeps its pen
               CHECK(f == 1);
               CHECK(((b == 1 && i == 0 && w == 0) || (b == 0 && i == 1 && w == 1)));
             }
+          // Peak pending (micro-batches, or chunk activations with two chunks) once the
+          // pipeline is full: pp for zb-h1, 2 pp for zb-h2 and zbv, 2 pp + 1 for dualpipev,
+          // (vp - 1) x round + pp for interleaved-zb (round = m / max(1, m / pp))
+          // (README, Schedules).
+          const int round = m / std::max(1, m / pp);
+          if (m >= 2 * pp)
+            CHECK(MostPending((*orders)[s]) ==
+                  (k.kind == PipelineKind::kZbH1            ? pp
+                   : k.kind == PipelineKind::kDualPipeV     ? 2 * pp + 1
+                   : k.kind == PipelineKind::kInterleavedZb ? (k.vp - 1) * round + pp
+                                                             : 2 * pp));
           const int limit = k.kind == PipelineKind::kZbH1 ? pp : 2 * pp;
           if (k.kind == PipelineKind::kZbH1 || k.kind == PipelineKind::kZbH2 ||
               k.kind == PipelineKind::kZbv)
