@@ -117,8 +117,8 @@ StatusOr<PlanFormat> ParsePlanFormat(const std::string& name) {
   if (name == "json") return PlanFormat::kJson;
   if (name == "torch-csv") return PlanFormat::kTorchCsv;
   if (name == "torch-csv-comms") return PlanFormat::kTorchCsvComms;
-  return InvalidInput(
-      fmt::format("unknown plan format '{}' (expected pb, json, torch-csv or torch-csv-comms)", name));
+  return InvalidInput(fmt::format(
+      "unknown plan format '{}' (expected pb, json, torch-csv or torch-csv-comms)", name));
 }
 
 StatusOr<PlanFormat> FormatFromPath(const std::string& path) {

@@ -13,7 +13,8 @@ bool TextCompute(OpKind k) {
 }
 
 std::string Format(const TorchAction& a) {
-  if (!a.pair.empty()) return fmt::format("({};{})OVERLAP_F_B", Format(a.pair[0]), Format(a.pair[1]));
+  if (!a.pair.empty())
+    return fmt::format("({};{})OVERLAP_F_B", Format(a.pair[0]), Format(a.pair[1]));
   return fmt::format("{}{}{}", a.stage, KindName(a.kind), a.mb);
 }
 
@@ -32,7 +33,8 @@ StatusOr<std::vector<TorchRow>> AddSendRecv(std::vector<TorchRow> compute, const
   std::vector<TorchRow> out(compute.size());
   auto ready = [&](const TorchAction& a, const std::set<Key>& seen) {
     if (a.kind == OpKind::kF && a.stage != 0)
-      return seen.count({a.stage, OpKind::kRecvF, a.mb}) || seen.count({a.stage - 1, OpKind::kF, a.mb});
+      return seen.count({a.stage, OpKind::kRecvF, a.mb}) ||
+             seen.count({a.stage - 1, OpKind::kF, a.mb});
     if ((a.kind == OpKind::kI || a.kind == OpKind::kB) && a.stage != S - 1)
       return seen.count({a.stage, OpKind::kRecvB, a.mb}) ||
              seen.count({a.stage + 1, OpKind::kI, a.mb}) ||
@@ -70,8 +72,9 @@ StatusOr<std::vector<TorchRow>> AddSendRecv(std::vector<TorchRow> compute, const
     }
     if (!left) break;
     if (!progress)
-      return InvalidPlan("the compute order cannot be given sends and receives (PyTorch's "
-                         "_add_send_recv would stop here)");
+      return InvalidPlan(
+          "the compute order cannot be given sends and receives (PyTorch's "
+          "_add_send_recv would stop here)");
   }
   return out;
 }
@@ -170,11 +173,11 @@ StatusOr<TorchAction> ParseAction(std::string_view cell, const std::string& name
   const std::string_view type = cell.substr(type_at, p - type_at);
   if (type == "UNSHARD" || type == "RESHARD" || type == "REDUCE_GRAD")
     return bad("FSDP actions (UNSHARD, RESHARD, REDUCE_GRAD) are not supported");
-  if (!ParseKind(type, &a.kind) ||
-      !(TextCompute(a.kind) || IsP2P(a.kind)))
-    return bad(fmt::format("unknown action type '{}' (F, B, I, W, SEND_F, RECV_F, SEND_B, "
-                           "RECV_B or an OVERLAP_F_B pair)",
-                           type));
+  if (!ParseKind(type, &a.kind) || !(TextCompute(a.kind) || IsP2P(a.kind)))
+    return bad(
+        fmt::format("unknown action type '{}' (F, B, I, W, SEND_F, RECV_F, SEND_B, "
+                    "RECV_B or an OVERLAP_F_B pair)",
+                    type));
   if (!number(&a.mb) || p != cell.size())
     return bad("an action ends with its micro-batch number, e.g. 2F0");
   return a;

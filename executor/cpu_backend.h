@@ -30,9 +30,7 @@ class CpuBackend : public Backend {
   Status TextForward(OpId op);
   Status TextBackward(OpId op);
   Status TextWeightGrad(OpId op);
-  bool Here(int global_stage) const {
-    return t_.meta().home(global_stage).pp_rank == stage_;
-  }
+  bool Here(int global_stage) const { return t_.meta().home(global_stage).pp_rank == stage_; }
   Status VisionForward(OpId op, bool recompute);
   Status VisionBackward(OpId op);
   StatusOr<Tensor> VisionOutputGradient(OpId op);  // from the consumer (or this rank)

@@ -20,9 +20,9 @@ constexpr int kMaxParallel = 1 << 16;  // tp, pp, vp, cp, ep, dp
 // Physical bounds (config reference): pixels per image side, frames per clip, GPUs.
 constexpr int kMaxWorld = 1 << 20;  // GPUs
 constexpr int64_t kMaxTokensPerMicroBatch = int64_t{1} << 26;
-constexpr std::string_view kPipelineNames[] = {
-    "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipev", "interleaved-zb",
-    "csv"};
+constexpr std::string_view kPipelineNames[] = {"gpipe",     "1f1b",           "interleaved-1f1b",
+                                               "zb-h1",     "zb-h2",          "zbv",
+                                               "dualpipev", "interleaved-zb", "csv"};
 constexpr std::string_view kModalityNames[] = {"inline", "decoupled", "nested", "bubble-fill",
                                                "optimus"};
 constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
@@ -572,9 +572,9 @@ void CheckConsistency(Config* c, Ctx* ctx) {
   if ((interleaved || pk == PipelineKind::kInterleavedZb) && p.vp < 2)
     return ctx->FailAt("schedule.pipeline", fmt::format("{} needs parallelism.vp >= 2", pname));
   if (PlacementOf(pk) == StagePlacement::kV && p.vp != 2)
-    return ctx->FailAt(ctx->seen.count("parallelism.vp") ? "parallelism.vp" : "schedule.pipeline",
-                       fmt::format("{} runs two chunks per rank in a V: set parallelism.vp: 2",
-                                   pname));
+    return ctx->FailAt(
+        ctx->seen.count("parallelism.vp") ? "parallelism.vp" : "schedule.pipeline",
+        fmt::format("{} runs two chunks per rank in a V: set parallelism.vp: 2", pname));
   if (p.vp > 1 && (pk == PipelineKind::kGpipe || pk == PipelineKind::k1F1B ||
                    pk == PipelineKind::kZbH1 || pk == PipelineKind::kZbH2))
     return ctx->FailAt("parallelism.vp",
@@ -586,10 +586,11 @@ void CheckConsistency(Config* c, Ctx* ctx) {
                        pk == PipelineKind::kCsv
                            ? "schedule.pipeline: csv needs schedule.csv: PATH"
                            : "schedule.csv is read only with schedule.pipeline: csv");
-  if (c->schedule.zb_max_pending > 0 && pk != PipelineKind::kZbH1 &&
-      pk != PipelineKind::kZbH2 && pk != PipelineKind::kZbv)
-    return ctx->FailAt("schedule.zb_max_pending",
-                       fmt::format("zb_max_pending applies to zb-h1, zb-h2 and zbv, not {}", pname));
+  if (c->schedule.zb_max_pending > 0 && pk != PipelineKind::kZbH1 && pk != PipelineKind::kZbH2 &&
+      pk != PipelineKind::kZbv)
+    return ctx->FailAt(
+        "schedule.zb_max_pending",
+        fmt::format("zb_max_pending applies to zb-h1, zb-h2 and zbv, not {}", pname));
   SetStages(c, ctx);
   if (ctx->error) return;
   if (t.seq_length % p.cp != 0 ||

@@ -64,9 +64,7 @@ class Pass {
   bool vision() const { return !deadline_.empty(); }
   int Stage(int r) const { return r % s_.pp; }
   int Replica(int r) const { return r / s_.pp; }
-  int RankOf(int d, int global_stage) const {
-    return s_.rank(d, s_.home(global_stage).pp_rank);
-  }
+  int RankOf(int d, int global_stage) const { return s_.rank(d, s_.home(global_stage).pp_rank); }
   static bool Backward(OpKind k) { return k == OpKind::kB || k == OpKind::kI; }
   // Position in its stage's order of a text F, or of the backward that produces the input
   // gradient (B, or I of a split backward).
@@ -225,8 +223,8 @@ double Pass::ReadyTime(int r) const {
     }
   } else {
     const int q = g < S - 1 ? RankOf(d, g + 1) : r;
-    const int p = g < S - 1 ? PosOfStage(d, OpKind::kB, g + 1, st.mb)
-                            : PosOf(s, OpKind::kF, st.chunk, st.mb);
+    const int p =
+        g < S - 1 ? PosOfStage(d, OpKind::kB, g + 1, st.mb) : PosOf(s, OpKind::kF, st.chunk, st.mb);
     const double e = end_[q][p];
     if (e == kUnknown) return kUnknown;
     ready = e + Transfer(q, r);

@@ -63,7 +63,12 @@ void AddSendRecv(std::vector<RankSeq>* seqs, const PipelineShape& shape, WorkId 
       const OpKey& k = op.key;
       const int d = k.rank / shape.pp;
       for (const Transfer& t : transfers(k, recv)) {
-        OpKey pk{k.rank, t.kind,  Module::kText, k.chunk, k.mb, -1,
+        OpKey pk{k.rank,
+                 t.kind,
+                 Module::kText,
+                 k.chunk,
+                 k.mb,
+                 -1,
                  shape.rank(d, shape.home(t.other).pp_rank)};
         to->push_back({pk, p2p_work, tag(d, t.sender, k.mb, t.dir)});
       }

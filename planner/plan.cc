@@ -352,13 +352,14 @@ StatusOr<Table> BuildPlan(const Config& c) {
   const PipelineKind pipeline = c.schedule.pipeline;
   std::vector<StageOrder> orders;
   if (pipeline == PipelineKind::kCsv) {
-    ASSIGN_OR_RETURN(TorchCsvSchedule csv, ReadTorchCsvSchedule(c.schedule.csv, p.pp, p.vp, shape.m));
+    ASSIGN_OR_RETURN(TorchCsvSchedule csv,
+                     ReadTorchCsvSchedule(c.schedule.csv, p.pp, p.vp, shape.m));
     orders = std::move(csv.orders);
     shape.placement = csv.placement;
   } else {
-    ASSIGN_OR_RETURN(orders, TextSchedule(pipeline, p.pp, p.vp, shape.m,
-                                          p.microbatch_group_size_per_vp_stage,
-                                          c.schedule.zb_max_pending));
+    ASSIGN_OR_RETURN(
+        orders, TextSchedule(pipeline, p.pp, p.vp, shape.m, p.microbatch_group_size_per_vp_stage,
+                             c.schedule.zb_max_pending));
   }
   TextWorkload tw = BuildTextWorkload(c);
   StepBatch batch;

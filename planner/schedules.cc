@@ -1,12 +1,12 @@
 #include "planner/schedules.h"
 
-#include "core/files.h"
-#include "core/torch_csv.h"
-#include "planner/zero_bubble.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
+
+#include "core/files.h"
+#include "core/torch_csv.h"
+#include "planner/zero_bubble.h"
 
 namespace pipeplan {
 namespace {
@@ -179,10 +179,16 @@ StatusOr<TorchCsvSchedule> ParseTorchCsvSchedule(std::string_view text, const st
         if (a.mb >= m)
           return at(a, fmt::format("micro-batch {} does not exist ({} per replica)", a.mb, m));
         uint8_t& s = seen[static_cast<size_t>(a.stage) * m + a.mb];
-        const int bit = a.kind == OpKind::kF ? 0 : a.kind == OpKind::kB ? 1 : a.kind == OpKind::kI ? 2 : 3;
-        if (s & (1 << bit)) return at(a, fmt::format("stage {} micro-batch {}: {} twice", a.stage, a.mb, KindName(a.kind)));
+        const int bit = a.kind == OpKind::kF   ? 0
+                        : a.kind == OpKind::kB ? 1
+                        : a.kind == OpKind::kI ? 2
+                                               : 3;
+        if (s & (1 << bit))
+          return at(
+              a, fmt::format("stage {} micro-batch {}: {} twice", a.stage, a.mb, KindName(a.kind)));
         if (bit > 0 && !(s & 1))
-          return at(a, fmt::format("stage {} micro-batch {}: {} before its F", a.stage, a.mb, KindName(a.kind)));
+          return at(a, fmt::format("stage {} micro-batch {}: {} before its F", a.stage, a.mb,
+                                   KindName(a.kind)));
         if (bit == 3 && !(s & 4))
           return at(a, fmt::format("stage {} micro-batch {}: W before its I", a.stage, a.mb));
         if ((bit == 1 && (s & 12)) || (bit >= 2 && (s & 2)))

@@ -118,8 +118,9 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer) {
     // output gradients (QKV q + 2kv, projection h, FC1 the FFN width, x2 gated, FC2 h per
     // routed copy), bf16, sharded as the activations are.
     const double copies = moe_layer ? l.moe.top_k + l.moe.shared_experts : 1;
-    lc.wgrad_keep_bytes = 2 * ((h + q + copies * h + ffn_elems) +
-                               ((q + 2 * kv) + h + ffn_elems * (l.gated_ffn ? 2 : 1) + copies * h)) *
+    lc.wgrad_keep_bytes = 2 *
+                          ((h + q + copies * h + ffn_elems) +
+                           ((q + 2 * kv) + h + ffn_elems * (l.gated_ffn ? 2 : 1) + copies * h)) *
                           T / shard;
   }
   if (p.tp > 1) {  // sequence parallel: 2 all-gathers + 2 reduce-scatters (= 2 all-reduces) per F
@@ -196,7 +197,7 @@ TextWorkload BuildTextWorkload(const Config& c) {
       params += V * h / p.tp + h;
       f.flops += 2 * T * h * V;
       f.model_flops += 2 * T * h * V;
-      act += T * V * 4 / shard;  // fp32 softmax kept for the backward
+      act += T * V * 4 / shard;                          // fp32 softmax kept for the backward
       keep += 2 * T * h / sp_shard + 2 * T * V / shard;  // logits input and gradient
       loss_hbm = 2 * T * V * 4 / shard;
       f.hbm_bytes += loss_hbm;

@@ -34,7 +34,7 @@ struct LayerCost {
 };
 
 struct TextWorkload {
-  std::vector<Work> f, b;              // per global virtual stage (chunk*pp + stage)
+  std::vector<Work> f, b;  // per global virtual stage (chunk*pp + stage)
   // The backward split (zero-bubble schedules): I computes the input gradient (all of the
   // core attention, recompute, memory-bound kernels and folded communication, and the
   // linear layers' data gradients) and frees what W does not need; W computes the weight

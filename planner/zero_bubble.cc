@@ -242,8 +242,8 @@ class GreedyV {
     // Its own earlier pass on the rank: F chunk 0 -> F chunk 1 -> B "0" -> B "1"; W after
     // its B.
     if (cat == 2 ? End(1, chunk, stage, n) < 0
-                 : (cat > 0 || chunk > 0) && End((cat * 2 + chunk - 1) / 2,
-                                                 (cat * 2 + chunk - 1) % 2, stage, n) < 0)
+                 : (cat > 0 || chunk > 0) &&
+                       End((cat * 2 + chunk - 1) / 2, (cat * 2 + chunk - 1) % 2, stage, n) < 0)
       return false;
     if (cat < 2) {
       // Data dependencies: F chunk 0 and B "chunk 0" flow down the ranks, chunk 1 up.
@@ -392,8 +392,8 @@ StatusOr<std::vector<StageOrder>> ZeroBubbleH(int pp, int m, int max_pending) {
         if (!best || span < *best) best = span, orders = g.TakeOrders();
       }
   if (!best)
-    return InvalidInput(fmt::format(
-        "no zero-bubble schedule keeps at most {} micro-batches pending", max_pending));
+    return InvalidInput(
+        fmt::format("no zero-bubble schedule keeps at most {} micro-batches pending", max_pending));
   return orders;
 }
 
@@ -438,9 +438,7 @@ StatusOr<std::vector<StageOrder>> InterleavedZeroBubble(int pp, int vp, int m) {
     auto add = [&](OpKind k, int chunk, std::vector<int>& next) {
       o.push_back({k, chunk, next[chunk]++});
     };
-    auto weight = [&] {
-      add(OpKind::kW, bwd_chunk(backward_ops[weights++]), next_w);
-    };
+    auto weight = [&] { add(OpKind::kW, bwd_chunk(backward_ops[weights++]), next_w); };
     for (int op = 0; op < total + warmup; ++op) {
       if (op < total) add(OpKind::kF, fwd_chunk(op), next_f);
       if (op < warmup) continue;
@@ -460,8 +458,7 @@ StatusOr<std::vector<StageOrder>> InterleavedZeroBubble(int pp, int vp, int m) {
 StatusOr<std::vector<StageOrder>> DualPipeV(int pp, int m) {
   if (pp < 1 || m < 2 * pp)
     return InvalidInput(fmt::format(
-        "dualpipev needs at least as many micro-batches as stages (2 pp = {}), got {}", 2 * pp,
-        m));
+        "dualpipev needs at least as many micro-batches as stages (2 pp = {}), got {}", 2 * pp, m));
   std::vector<StageOrder> orders(pp);
   for (int r = 0; r < pp; ++r) {
     StageOrder& o = orders[r];

@@ -24,8 +24,8 @@ double CostModel::ComputeSeconds(const Work& w, int gpus, int tp, int ep, int gp
   return p.kernels + p.comm;
 }
 
-CostModel::Parts CostModel::ComputeParts(const Work& w, int gpus, int tp, int ep,
-                                         int gpus_per_node, bool fold_across_nodes) const {
+CostModel::Parts CostModel::ComputeParts(const Work& w, int gpus, int tp, int ep, int gpus_per_node,
+                                         bool fold_across_nodes) const {
   const GpuSpec& s = spec_;
   const double per_gpu = 1.0 / std::max(gpus, 1);
   double gemm_s =

@@ -157,11 +157,11 @@ TEST_CASE("every new schedule runs each pass once, I before W, and keeps its pen
           // (README, Schedules).
           const int round = m / std::max(1, m / pp);
           if (m >= 2 * pp)
-            CHECK(MostPending((*orders)[s]) ==
-                  (k.kind == PipelineKind::kZbH1            ? pp
-                   : k.kind == PipelineKind::kDualPipeV     ? 2 * pp + 1
-                   : k.kind == PipelineKind::kInterleavedZb ? (k.vp - 1) * round + pp
-                                                             : 2 * pp));
+            CHECK(MostPending((*orders)[s]) == (k.kind == PipelineKind::kZbH1        ? pp
+                                                : k.kind == PipelineKind::kDualPipeV ? 2 * pp + 1
+                                                : k.kind == PipelineKind::kInterleavedZb
+                                                    ? (k.vp - 1) * round + pp
+                                                    : 2 * pp));
           const int limit = k.kind == PipelineKind::kZbH1 ? pp : 2 * pp;
           if (k.kind == PipelineKind::kZbH1 || k.kind == PipelineKind::kZbH2 ||
               k.kind == PipelineKind::kZbv)
@@ -212,9 +212,10 @@ TEST_CASE("gradient equivalence for every new schedule, with data parallelism an
   for (const Kind& k : kNew) {
     CAPTURE(PipelineName(k.kind));
     ExpectEquivalent(Plan(SmallConfig(k.kind, 4, k.vp, 8, 2)));
-    ExpectEquivalent(Plan(SmallConfig(k.kind, 2, k.vp, 6, 2,
-                                      {"training.overlap_grad_reduce=true",
-                                       "training.grad_bucket_size=100000", "training.zero_stage=1"})));
+    ExpectEquivalent(
+        Plan(SmallConfig(k.kind, 2, k.vp, 6, 2,
+                         {"training.overlap_grad_reduce=true", "training.grad_bucket_size=100000",
+                          "training.zero_stage=1"})));
   }
 }
 
@@ -253,7 +254,9 @@ TEST_CASE("V placement: rank r holds stages r and 2 pp - 1 - r in the plan and i
     if (IsP2P(t.kind(i))) CHECK(t.peer(i) != 3);
 }
 
-TEST_CASE("PyTorch CSV: one row per stage rank for any dp, and import(export(plan)) keeps every rank's order") {
+TEST_CASE(
+    "PyTorch CSV: one row per stage rank for any dp, and import(export(plan)) keeps every rank's "
+    "order") {
   const std::string dir = TempDir();
   for (const Kind& k : kNew) {
     CAPTURE(PipelineName(k.kind));
@@ -287,8 +290,10 @@ TEST_CASE("PyTorch CSV with comm actions: every send has its receive on the peer
     std::multiset<std::tuple<int, int, int, int>> sends, recvs;  // (row, stage, mb, dir)
     for (int r = 0; r < 4; ++r)
       for (const TorchAction& a : rows[r]) {
-        if (a.kind == OpKind::kSendF) sends.insert({t.meta().home(a.stage + 1).pp_rank, a.stage + 1, a.mb, 0});
-        if (a.kind == OpKind::kSendB) sends.insert({t.meta().home(a.stage - 1).pp_rank, a.stage - 1, a.mb, 1});
+        if (a.kind == OpKind::kSendF)
+          sends.insert({t.meta().home(a.stage + 1).pp_rank, a.stage + 1, a.mb, 0});
+        if (a.kind == OpKind::kSendB)
+          sends.insert({t.meta().home(a.stage - 1).pp_rank, a.stage - 1, a.mb, 1});
         if (a.kind == OpKind::kRecvF) recvs.insert({r, a.stage, a.mb, 0});
         if (a.kind == OpKind::kRecvB) recvs.insert({r, a.stage, a.mb, 1});
       }
@@ -312,12 +317,16 @@ TEST_CASE("PyTorch CSV: modality ops are counted as left out; bad rows name line
     return r.status().message();
   };
   CHECK(err("0F0,0F1,0B0,0B1\n1F0,1X1\n").find("s.csv:2:5:") == 0);
-  CHECK(err("0F0,0F1,0B0,0B1\n1F0,1F1,1B0,1B1,1B1\n").find("s.csv:2:17: stage 1 micro-batch 1: B twice") == 0);
+  CHECK(err("0F0,0F1,0B0,0B1\n1F0,1F1,1B0,1B1,1B1\n")
+            .find("s.csv:2:17: stage 1 micro-batch 1: B twice") == 0);
   CHECK(err("0F0,0F1,0B0,0B1\n1F0,1F1,1B0,1B1,1F2\n").find("s.csv:2:17: micro-batch 2") == 0);
-  CHECK(err("0F0,0F1,0B0,0B1\n1F0,1F1,1W0,1B1\n").find("s.csv:2:9: stage 1 micro-batch 0: W before its I") == 0);
+  CHECK(err("0F0,0F1,0B0,0B1\n1F0,1F1,1W0,1B1\n")
+            .find("s.csv:2:9: stage 1 micro-batch 0: W before its I") == 0);
   CHECK(err("0F0,0F1,0B0,0B1\n").find("s.csv: 1 rows") == 0);
-  CHECK(err("0F0,0F1,0B0\n1F0,1F1,1B0,1B1\n").find("stage 0 micro-batch 1 is not run") != std::string::npos);
-  CHECK(err("0F0,0F1,0B0,0B1\n1F0,1F1,1B0,1B1,0UNSHARD\n").find("FSDP actions") != std::string::npos);
+  CHECK(err("0F0,0F1,0B0\n1F0,1F1,1B0,1B1\n").find("stage 0 micro-batch 1 is not run") !=
+        std::string::npos);
+  CHECK(err("0F0,0F1,0B0,0B1\n1F0,1F1,1B0,1B1,0UNSHARD\n").find("FSDP actions") !=
+        std::string::npos);
   CHECK(err("1F0,1F1,1B0,1B1\n0F0,0F1,0B0,0B1\n").find("neither in a loop") != std::string::npos);
   // PyTorch's own spellings are accepted: idle cells, comm actions, CRLF.
   CHECK(ParseTorchCsvSchedule("0F0,,0F1,0SEND_F0,0B0,0B1\r\n1RECV_F0,1F0,1F1,1B0,1B1\r\n", "s.csv",
