@@ -49,7 +49,7 @@ Command MakePlanCommand() {
       const bool csv_format = f == PlanFormat::kTorchCsv || f == PlanFormat::kTorchCsvComms;
       if (o->replica != 0 && !csv_format)
         return Report(InvalidInput("--replica applies to torch-csv and torch-csv-comms only"));
-      if (f == PlanFormat::kTorchCsv || f == PlanFormat::kTorchCsvComms) {
+      if (csv_format) {
         size_t left_out = 0;
         auto csv = ToTorchCsv(*table, o->replica, f == PlanFormat::kTorchCsvComms, &left_out);
         if (!csv.ok()) return Report(csv.status());

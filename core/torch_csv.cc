@@ -131,7 +131,7 @@ StatusOr<std::string> ToTorchCsv(const Table& t, int replica, bool comms, size_t
 
 namespace {
 
-// One action at text[pos...]; `end` is where the cell ends.
+// One cell: an action or an overlapped pair; errors name the line and the cell's column.
 StatusOr<TorchAction> ParseAction(std::string_view cell, const std::string& name, int line,
                                   int column) {
   auto bad = [&](const std::string& why) {

@@ -40,6 +40,9 @@ class Pass {
   std::vector<double> ConsumerStarts() const;
   std::vector<VisionPlacement> Placements() const;
   std::vector<std::vector<GeneratorPlacement>> GeneratorPlacements() const;
+  // Per rank, its text order as run (W passes pulled into gaps moved there); empty when
+  // no W moved.
+  std::vector<StageOrder> RankOrders() const;
 
  private:
   // A task runs as pieces (layer groups): forwards first to last, backwards last to first.
@@ -149,6 +152,15 @@ class Pass {
   const std::vector<double>& deadline_;
   std::vector<std::vector<int>> pos_of_;  // per stage: (chunk, mb, kind) -> position
   std::vector<int> pos_;
+  // Per rank, per text position: a W already run in a gap before its place; and the W
+  // moved, each with the position it ran before.
+  std::vector<std::vector<uint8_t>> pulled_;
+  std::vector<std::vector<std::pair<int, int>>> moved_;  // (W position, ran before)
+  bool PullWeight(int r, double t, double gap);
+  void Advance(int r) {
+    const int n = static_cast<int>(in_.orders[Stage(r)].size());
+    while (pos_[r] < n && pulled_[r][pos_[r]]) ++pos_[r];
+  }
   std::vector<double> free_;
   std::vector<std::vector<double>> start_, end_;  // per rank, per text position
   std::vector<uint8_t> parked_;
@@ -291,6 +303,7 @@ void Pass::RunText(int r, double start) {
   end_[r][i] = start + dur;
   free_[r] = start + dur;
   ++pos_[r];
+  Advance(r);
   const int g = s_.global(st.chunk, s), S = s_.stages();
   if (st.kind == OpKind::kF && g < S - 1) Wake(RankOf(d, g + 1));
   if (Backward(st.kind) && g > 0) Wake(RankOf(d, g - 1));
@@ -478,6 +491,7 @@ bool Pass::Decide(int r) {
   if (BackwardPhase(r) && try_run(PickBackward(r, t, gap), true)) return true;
   if (ForwardPhase(r) && try_run(PickForward(r, t, gap), false)) return true;
   if (rules_.steal && text_left && try_run(Steal(t, gap), false)) return true;
+  if (text_left && vision() && PullWeight(r, t, gap)) return true;
   if (text_left) {
     RunText(r, ready);
     return true;
@@ -520,10 +534,12 @@ Status Pass::Run() {
   free_.assign(R, 0.0);
   parked_.assign(R, 0);
   posted_.assign(R, kNone);
-  start_.resize(R), end_.resize(R);
+  start_.resize(R), end_.resize(R), pulled_.resize(R);
+  moved_.assign(R, {});
   for (int r = 0; r < R; ++r) {
     const size_t n = in_.orders[Stage(r)].size();
     start_[r].assign(n, kUnknown), end_[r].assign(n, kUnknown);
+    pulled_[r].assign(n, 0);
   }
   follow_.assign(R, {});
   released_.assign(R, {});
@@ -663,6 +679,48 @@ Status Pass::Run() {
   return Status::Ok();
 }
 
+// Weight-gradient passes are fill material too: in a gap no encoder work fits, the rank
+// runs the first W of its order whose I has run, when it ends before the next text op is
+// ready (it then no longer runs at its own place).
+bool Pass::PullWeight(int r, double t, double gap) {
+  const auto& order = in_.orders[Stage(r)];
+  const int n = static_cast<int>(order.size());
+  if (pos_[r] > 0 && order[pos_[r] - 1].overlap_next) return false;  // inside a pair
+  for (int j = pos_[r] + 1, seen = 0; j < n && seen < kScan; ++j) {
+    const Step& st = order[j];
+    if (st.kind != OpKind::kW || pulled_[r][j]) continue;
+    ++seen;
+    const int i = PosOf(Stage(r), OpKind::kI, st.chunk, st.mb);
+    if (i >= pos_[r] || end_[r][i] == kUnknown) continue;  // its I has not run
+    const double dur = Duration(r, j);
+    if (dur > gap) continue;
+    start_[r][j] = t, end_[r][j] = t + dur;
+    pulled_[r][j] = 1;
+    moved_[r].push_back({j, pos_[r]});
+    free_[r] = t + dur;
+    Push(r);
+    return true;
+  }
+  return false;
+}
+
+std::vector<StageOrder> Pass::RankOrders() const {
+  bool any = false;
+  for (const auto& m : moved_) any = any || !m.empty();
+  if (!any) return {};
+  std::vector<StageOrder> out(pos_.size());
+  for (size_t r = 0; r < pos_.size(); ++r) {
+    const auto& order = in_.orders[Stage(static_cast<int>(r))];
+    std::vector<std::vector<int>> before(order.size() + 1);  // position -> W moved there
+    for (auto [w, at] : moved_[r]) before[at].push_back(w);
+    for (size_t j = 0; j <= order.size(); ++j) {
+      for (int w : before[j]) out[r].push_back(order[w]);
+      if (j < order.size() && !pulled_[r][j]) out[r].push_back(order[j]);
+    }
+  }
+  return out;
+}
+
 std::vector<double> Pass::ConsumerStarts() const {
   std::vector<double> out(static_cast<size_t>(s_.dp) * s_.m, 0.0);
   for (int d = 0; d < s_.dp; ++d)
@@ -754,6 +812,7 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
         best.makespan_s = last;
         best.vision = p.Placements();
         best.generator = p.GeneratorPlacements();
+        best.rank_orders = p.RankOrders();
       }
       deadline = p.ConsumerStarts();
     }

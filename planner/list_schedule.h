@@ -28,6 +28,8 @@
 //   own, forwards in layer order and backwards in reverse;
 // - stealing (bubble-fill): a rank in a gap with nothing of its own that fits takes a
 //   whole-image forward that another rank has not started (its backward follows it);
+// - weight gradients (split backward): a rank in a gap that no encoder work fills runs a
+//   later W of its order whose I has run, if it ends before the next text op is ready;
 // - a generator split over its replica's ranks is a gang released by the last stage's text
 //   F, whose text B waits for it (its ranks post it at their next decision).
 // Deadlines come from the previous pass's consumer times (pass 0 has no vision work);
@@ -84,6 +86,9 @@ struct ListResult {
   // Sharded generator per (d * m + mb): one placement per shard (rank, anchor for its F and
   // B, planned start).
   std::vector<std::vector<GeneratorPlacement>> generator;
+  // Per rank (d * pp + stage), its text order with W passes moved into gaps; empty when
+  // every rank keeps its stage's order.
+  std::vector<StageOrder> rank_orders;
   double makespan_s = 0;       // predicted end of the last text or vision op
   double text_makespan_s = 0;  // the same without vision work (pass 0)
   int passes = 0;              // passes run

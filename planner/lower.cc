@@ -14,11 +14,13 @@ uint32_t CollectiveTag(OpKind kind, Module module, int32_t chunk, int bucket) {
 std::vector<RankSeq> ExpandStages(const std::vector<StageOrder>& orders, const PipelineShape& shape,
                                   const TextWorkIds& works) {
   std::vector<RankSeq> seqs(static_cast<size_t>(shape.dp) * shape.pp);
+  const bool per_rank = orders.size() == seqs.size() && orders.size() != static_cast<size_t>(shape.pp);
   for (int d = 0; d < shape.dp; ++d) {
     for (int s = 0; s < shape.pp; ++s) {
       RankSeq& seq = seqs[shape.rank(d, s)];
-      seq.reserve(orders[s].size() * 3 + 8);
-      for (const Step& st : orders[s]) {
+      const StageOrder& order = orders[per_rank ? shape.rank(d, s) : s];
+      seq.reserve(order.size() * 3 + 8);
+      for (const Step& st : order) {
         OpKey k{shape.rank(d, s), st.kind, Module::kText, st.chunk, st.mb};
         seq.push_back({k, works.of(st.kind, shape.global(st.chunk, s)),
                        st.overlap_next ? kOverlapNextTag : 0});
@@ -75,10 +77,11 @@ void AddSendRecv(std::vector<RankSeq>* seqs, const PipelineShape& shape, WorkId 
     };
     for (size_t j = 0; j < seq.size(); ++j) {
       // An overlapped pair receives both inputs first and sends both outputs after. A pair
-      // that modality work came between runs as two ops.
+      // that other work came between runs as two ops.
       const bool text = seq[j].key.module == Module::kText;
       if (text && seq[j].tag == kOverlapNextTag &&
-          (j + 1 == seq.size() || seq[j + 1].key.module != Module::kText))
+          (j + 1 == seq.size() || seq[j + 1].key.module != Module::kText ||
+           !(seq[j + 1].key.kind == OpKind::kB || seq[j + 1].key.kind == OpKind::kI)))
         seq[j].tag = 0;
       const size_t n = text && seq[j].tag == kOverlapNextTag ? 2 : 1;
       for (size_t q = j; q < j + n; ++q) emit(seq[q], true, &out);

@@ -35,8 +35,8 @@ struct TextWorkIds {
   }
 };
 
-// Text compute ops: stage orders replicated over DP replicas. A step that overlaps the
-// next gets kOverlapNextTag.
+// Text compute ops: stage orders (pp of them) replicated over DP replicas, or one order
+// per rank (dp * pp, dp > 1). A step that overlaps the next gets kOverlapNextTag.
 std::vector<RankSeq> ExpandStages(const std::vector<StageOrder>& orders, const PipelineShape& shape,
                                   const TextWorkIds& works);
 

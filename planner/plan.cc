@@ -199,6 +199,7 @@ StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const L
 
 Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch& batch,
                    const std::vector<StageOrder>& orders, const TextWorkload& tw,
+                   const TextWorkIds& text_work,
                    const std::vector<RankInfo>& ranks, TableBuilder* b,
                    std::vector<RankSeq>* seqs) {
   const ModalityPolicy policy = c.schedule.modality;
@@ -250,6 +251,8 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         ListInput in = ListInputOf(c, shape, orders, tw, ranks, w, sharded);
         in.bounds = PieceBounds(c, in);
         ASSIGN_OR_RETURN(ListResult placed, PlaceListed(c, policy, in, w));
+        // W passes the list scheduler moved into gaps: the text ops in the order they ran.
+        if (!placed.rank_orders.empty()) *seqs = ExpandStages(placed.rank_orders, shape, text_work);
         vision = std::move(placed.vision);
         shards = std::move(placed.generator);
         ids.piece_f.resize(w.vision.size()), ids.piece_b.resize(w.vision.size());
@@ -382,14 +385,20 @@ StatusOr<Table> BuildPlan(const Config& c) {
   }
   TableBuilder b(ranks);
 
+  // Split backwards (I and W) get their own work; other schedules do not carry it.
+  bool split = false;
+  for (const StageOrder& o : orders)
+    for (const Step& st : o) split = split || st.kind == OpKind::kI || st.kind == OpKind::kW;
   TextWorkIds text_work;
   GradSyncWorks sync;
   const double grad_bytes = c.training.grad_reduce_dtype == GradDtype::kFp32 ? 4 : 2;
   for (int g = 0; g < shape.stages(); ++g) {
     text_work.f.push_back(b.AddWork(tw.f[g]));
     text_work.b.push_back(b.AddWork(tw.b[g]));
-    text_work.i.push_back(b.AddWork(tw.i[g]));
-    text_work.w.push_back(b.AddWork(tw.w[g]));
+    if (split) {
+      text_work.i.push_back(b.AddWork(tw.i[g]));
+      text_work.w.push_back(b.AddWork(tw.w[g]));
+    }
     Work reduce, gather;
     reduce.payload_bytes = tw.params_per_gpu[g] * grad_bytes;
     gather.payload_bytes = tw.params_per_gpu[g] * 2;  // bf16 parameters
@@ -413,7 +422,7 @@ StatusOr<Table> BuildPlan(const Config& c) {
         reduce.payload_bytes =
             tw.params_per_gpu[g] * grad_bytes * (L == 0 ? 1.0 : double(hi - lo) / L);
         pieces.push_back(b.AddWork(L == 0 ? bw : LayerShare(bw, lo, hi)));
-        pieces_w.push_back(b.AddWork(L == 0 ? tw.w[g] : LayerShare(tw.w[g], lo, hi)));
+        if (split) pieces_w.push_back(b.AddWork(L == 0 ? tw.w[g] : LayerShare(tw.w[g], lo, hi)));
         reduces.push_back(b.AddWork(reduce));
       }
       sync.bucket_piece.push_back(std::move(pieces));
@@ -450,7 +459,7 @@ StatusOr<Table> BuildPlan(const Config& c) {
   std::vector<RankSeq> seqs = ExpandStages(orders, shape, text_work);
   std::vector<ModalitySync> modality_sync;
   if (Multimodal(c)) {
-    RETURN_IF_ERROR(AddModality(c, shape, batch, orders, tw, ranks, &b, &seqs));
+    RETURN_IF_ERROR(AddModality(c, shape, batch, orders, tw, text_work, ranks, &b, &seqs));
     // FSDP: full gradients reduce-scattered over the job, full bf16 parameters gathered
     // before the step's first use. Replicated: the copy's gradients all-reduced over its
     // holders (reduce-scattered with ZeRO >= 1, the updated shards gathered after the
