@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include "core/files.h"
 #include "core/table_io.h"
 #include "planner/plan.h"
 
@@ -38,6 +39,18 @@ StatusOr<Input> LoadInput(const std::string& path, const std::vector<std::string
 
 bool StderrIsTerminal() {
   return isatty(STDERR_FILENO) == 1;
+}
+
+Status WriteTrace(const std::string& path, const std::string& json) {
+  if (json.size() > kTraceWarnBytes)
+    fmt::print(stderr,
+               "warning: the trace is {:.0f} MiB; --trace-ranks / --trace-dp keep fewer ranks, a "
+               ".json.gz name compresses it\n",
+               json.size() / 1048576.0);
+  const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
+  if (!gz) return WriteFileAtomic(path, json);
+  ASSIGN_OR_RETURN(std::string packed, Gzip(json));
+  return WriteFileAtomic(path, packed);
 }
 
 }  // namespace pipeplan

@@ -21,6 +21,10 @@ struct Command {
 
 // Prints "pipeplan: error: ..." to stderr and returns the status's exit code.
 int Report(const Status& s);
+// Writes a Chrome trace: gzipped when the name ends in .gz; a warning on stderr when it is
+// larger than kTraceWarnBytes (with how to make it smaller).
+inline constexpr size_t kTraceWarnBytes = size_t{256} << 20;
+Status WriteTrace(const std::string& path, const std::string& json);
 
 // A YAML config (planned now) or a plan file (.pb/.json); `config` is the one used.
 struct Input {

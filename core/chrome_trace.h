@@ -1,9 +1,11 @@
 // Chrome trace (JSON object format, as Perfetto and chrome://tracing read it).
 // One process per rank, one thread per stream (compute, vision, generator, pp send,
-// pp recv, collectives; extra lanes "... #2" where ops of one stream overlap), complete
-// events named in the op string form, flow arrows SEND -> RECV, counter tracks.
-// Timestamps in microseconds from the step start; ops with a negative start never ran and
-// are left out (partial traces of failed runs).
+// pp recv, collectives; extra lanes "... #2" where ops of one stream overlap, so no slice
+// of a thread overlaps or nests in another), complete events named in the op string form,
+// flow arrows SEND -> RECV written after every slice (each binds to its slice), counter
+// tracks. Timestamps in microseconds from the step start, rounded to whole nanoseconds;
+// strings escaped by the JSON library; ops with a negative start never ran and are left
+// out (partial traces of failed runs).
 #pragma once
 
 #include <string>

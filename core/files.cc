@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cerrno>
 #include <csignal>
@@ -13,6 +14,24 @@
 #include <sstream>
 
 namespace pipeplan {
+
+StatusOr<std::string> Gzip(std::string_view data) {
+  z_stream z{};
+  // windowBits 15 + 16: a gzip header and trailer around the deflate stream.
+  if (deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+    return Internal("zlib: deflateInit2 failed");
+  std::string out(deflateBound(&z, data.size()) + 64, '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  z.avail_in = static_cast<uInt>(data.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  const int rc = deflate(&z, Z_FINISH);
+  const size_t n = z.total_out;
+  deflateEnd(&z);
+  if (rc != Z_STREAM_END) return Internal("zlib: deflate did not finish");
+  out.resize(n);
+  return out;
+}
 
 StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

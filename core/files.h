@@ -17,5 +17,7 @@ StatusOr<std::string> ReadFile(const std::string& path);
 inline constexpr int kMaxJsonDepth = 64;
 Status CheckJsonDepth(std::string_view text, int max_depth = kMaxJsonDepth);
 Status WriteFileAtomic(const std::string& path, const std::string& contents);
+// gzip (RFC 1952) of `data`, as gzip -6 writes it.
+StatusOr<std::string> Gzip(std::string_view data);
 
 }  // namespace pipeplan

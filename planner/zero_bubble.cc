@@ -13,8 +13,8 @@ namespace {
 // Unit costs and memory of the zero-bubble constructions: every pass takes one unit,
 // transfers are free; an F makes one micro-batch pending, its I keeps it, its W frees it.
 constexpr double kCost = 1, kComm = 0;
-constexpr int kMemF = 1, kMemB = 0, kMemW = -1;
-enum Pass { kPassF = 0, kPassB = 1, kPassW = 2 };
+constexpr int kMemF = 1, kMemI = 0, kMemW = -1;
+enum Pass { kPassF = 0, kPassI = 1, kPassW = 2 };  // the authors' F, B (input gradient), W
 constexpr OpKind kPassKind[3] = {OpKind::kF, OpKind::kI, OpKind::kW};
 
 // The greedy construction of the ZB paper (section 3.1), one variant. State per stage: the
@@ -44,6 +44,10 @@ class GreedyH {
         First();
         continue;
       }
+      // Micro-batch i >= 1. Each stage takes one more F, except (prioritize_b) a stage two
+      // or more F ahead of the next one whose F (with the W the limit would force first)
+      // would delay its I beyond what the largest bubble so far allows; and no stage takes
+      // an F the stage after it does not.
       std::vector<int> want(S_, 0);
       for (int j = 0; j < S_; ++j) {
         if (n_[j][kPassF] >= M_) continue;
@@ -52,7 +56,7 @@ class GreedyH {
           if (end_[j] >= next) continue;
           double w_cost = 0;
           int w_cnt = 0, with_w = mem_[j] + kMemF;
-          while (with_w > limit_ && n_[j][kPassW] + w_cnt < n_[j][kPassB]) {
+          while (with_w > limit_ && n_[j][kPassW] + w_cnt < n_[j][kPassI]) {
             w_cost += kCost, with_w += kMemW, ++w_cnt;
           }
           if (end_[j] + kCost + w_cost <= next) {
@@ -70,12 +74,14 @@ class GreedyH {
         if (j > 0) FillUntil(j, T(kPassF, j - 1, n_[j][kPassF]) + kComm);
         Put(j, kPassF);
       }
+      // Then micro-batch i's I, last stage first; the first stage runs its deferred W once
+      // it has no F left.
       for (int j = S_ - 1; j >= 0; --j) {
-        if (!MakeRoom(j, kMemB)) return false;
-        if (j + 1 < S_) FillUntil(j, T(kPassB, j + 1, i) + kComm);
+        if (!MakeRoom(j, kMemI)) return false;
+        if (j + 1 < S_) FillUntil(j, T(kPassI, j + 1, i) + kComm);
         if (j == 0 && n_[j][kPassF] == M_)
-          while (n_[j][kPassW] < n_[j][kPassB]) Put(j, kPassW);
-        Put(j, kPassB);
+          while (n_[j][kPassW] < n_[j][kPassI]) Put(j, kPassW);
+        Put(j, kPassI);
       }
     }
     for (int j = 0; j < S_; ++j)
@@ -106,11 +112,11 @@ class GreedyH {
     double end = end_[j] + kCost;
     const double no_bubble = end;
     if (j > 0 && pass == kPassF) end = std::max(end, T(kPassF, j - 1, mb) + kComm + kCost);
-    if (j < S_ - 1 && pass == kPassB) end = std::max(end, T(kPassB, j + 1, mb) + kComm + kCost);
+    if (j < S_ - 1 && pass == kPassI) end = std::max(end, T(kPassI, j + 1, mb) + kComm + kCost);
     if (n_[j][kPassF] > 0) bubble_[j] += end - no_bubble;
     end_[j] = end;
     T(pass, j, mb) = end;
-    mem_[j] += pass == kPassF ? kMemF : pass == kPassB ? kMemB : kMemW;
+    mem_[j] += pass == kPassF ? kMemF : pass == kPassI ? kMemI : kMemW;
     ++n_[j][pass];
     orders_[j].push_back({kPassKind[pass], 0, mb});
   }
@@ -118,7 +124,7 @@ class GreedyH {
   // Deferred W passes run first while the next pass would exceed the pending limit.
   bool MakeRoom(int j, int mem) {
     while (mem_[j] + mem > limit_) {
-      if (n_[j][kPassW] >= n_[j][kPassB]) return false;
+      if (n_[j][kPassW] >= n_[j][kPassI]) return false;
       Put(j, kPassW);
     }
     return true;
@@ -128,7 +134,7 @@ class GreedyH {
   // then, and one more that runs past it when the stage's bubble may grow that much (or
   // when it has already grown beyond the largest).
   void FillUntil(int j, double ready) {
-    auto pending_w = [&] { return n_[j][kPassW] < n_[j][kPassB]; };
+    auto pending_w = [&] { return n_[j][kPassW] < n_[j][kPassI]; };
     while (pending_w() && end_[j] + kCost <= ready) Put(j, kPassW);
     if (pending_w() && end_[j] < ready) {
       if (ready - end_[j] <= MaxBubble() - bubble_[j]) {
@@ -162,7 +168,7 @@ class GreedyH {
       while (want[j] > 0 && want[j] >= want[j - 1] && n_[j][kPassF] + want[j] < M_) --want[j];
     for (int j = 0; j < S_; ++j)
       for (int k = 0; k < want[j]; ++k) Put(j, kPassF);
-    for (int j = S_ - 1; j >= 0; --j) Put(j, kPassB);
+    for (int j = S_ - 1; j >= 0; --j) Put(j, kPassI);
   }
 
   const int S_, M_, limit_;
@@ -238,7 +244,7 @@ class GreedyV {
     const double no_bubble = end;
     const int n = count_[stage][cat * 2 + chunk];
     if (n >= M_) return false;
-    const int mem = cat == 0 ? kMemF : cat == 1 ? kMemB : kMemW;
+    const int mem = cat == 0 ? kMemF : cat == 1 ? kMemI : kMemW;
     if (mem_[stage] + mem > limit_) return false;
     // Its own earlier pass on the rank: F chunk 0 -> F chunk 1 -> B "0" -> B "1"; W after
     // its B.
@@ -314,7 +320,7 @@ class GreedyV {
     }
     for (int round = 0; round < 2 * M_; ++round) {
       for (int i = 0; i < S_; ++i)
-        while (mem_[i] + kMemB > limit_)
+        while (mem_[i] + kMemI > limit_)
           if (!PutW(i)) return false;
       std::vector<int> b0, b1;
       for (int i = 0; i < S_; ++i) {

@@ -6,9 +6,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <tuple>
 
@@ -166,6 +169,56 @@ std::string Slurp(const std::string& path) {
 bool Exists(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0;
+}
+
+std::string TraceRuleBroken(const std::string& text) {
+  using nlohmann::json;
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.contains("traceEvents")) return "not a Chrome trace";
+  auto ns = [](const json& v, int64_t* out) {
+    const double us = v.get<double>();
+    *out = std::llround(us * 1000);
+    return std::abs(us * 1000 - static_cast<double>(*out)) < 1e-3;
+  };
+  // Slices per (pid, tid) as they are read, for the flow rule; then sorted, for overlap.
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::pair<int64_t, int64_t>>> slices;
+  for (const json& e : j["traceEvents"]) {
+    const std::string ph = e.value("ph", "");
+    if (ph != "X" && ph != "s" && ph != "f" && ph != "C") continue;
+    int64_t ts;
+    if (!ns(e["ts"], &ts)) return fmt::format("ts {} is not in whole nanoseconds", e["ts"].dump());
+    if (ph == "C") continue;
+    const auto key = std::make_pair(e.value("pid", int64_t{0}), e.value("tid", int64_t{0}));
+    if (ph == "X") {
+      int64_t dur;
+      if (!ns(e["dur"], &dur))
+        return fmt::format("dur {} is not in whole nanoseconds", e["dur"].dump());
+      slices[key].push_back({ts, ts + dur});
+      continue;
+    }
+    bool bound = false;
+    for (auto [b, end] : slices[key]) bound = bound || (b <= ts && ts <= end);
+    if (!bound)
+      return fmt::format("flow {} {} at {} ns has no slice of its thread written before it", ph,
+                         e["id"].dump(), ts);
+  }
+  for (auto& [key, v] : slices) {
+    std::sort(v.begin(), v.end());
+    for (size_t i = 1; i < v.size(); ++i)
+      if (v[i].first < v[i - 1].second)
+        return fmt::format("slices of pid {} tid {} overlap at {} ns", key.first, key.second,
+                           v[i].first);
+  }
+  return "";
+}
+
+std::string TraceFileRuleBroken(const std::string& path) {
+  if (path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0) {
+    RunResult r = RunShell("gzip -dc " + path);
+    if (r.exit_code != 0) return "not gzip: " + r.out;
+    return TraceRuleBroken(r.out);
+  }
+  return TraceRuleBroken(Slurp(path));
 }
 
 }  // namespace pipeplan::test

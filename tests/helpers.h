@@ -28,6 +28,14 @@ Table TableFromOps(const std::vector<std::vector<std::string>>& ranks, int pp, i
 Table WithDep(const Table& t, OpId op, OpId on);
 OpId Find(const Table& t, const std::string& op);
 
+// The rules Perfetto's JSON importer applies (an empty string when all hold, else the
+// first broken one): times in whole nanoseconds; slices of one thread never overlap or
+// nest; each flow start lies in a slice of its thread (and each flow end, bound "e", in
+// one of its thread) that the file has written before it.
+std::string TraceRuleBroken(const std::string& trace_json);
+// The same for a trace file (gunzipped first when it ends in .gz).
+std::string TraceFileRuleBroken(const std::string& path);
+
 struct RunResult {
   int exit_code;
   std::string out;  // stdout + stderr

@@ -53,6 +53,7 @@ TEST_CASE("plan output is byte-identical for the same config") {
   REQUIRE(RunCli("simulate " + cfg + " --trace " + dir + "/t1.json").exit_code == 0);
   REQUIRE(RunCli("simulate " + dir + "/a.pb --trace " + dir + "/t2.json").exit_code == 0);
   CHECK(Slurp(dir + "/t1.json") == Slurp(dir + "/t2.json"));
+  CHECK(TraceFileRuleBroken(dir + "/t1.json") == "");
 }
 
 TEST_CASE("--format torch-csv writes the compute order") {
@@ -151,6 +152,7 @@ TEST_CASE("plan, validate, show, sweep and compare print JSON with --json") {
   REQUIRE(sw.size() == 2);
   CHECK(sw[0].at("values").at("training.microbatches") == "8");
   REQUIRE(RunCli("simulate " + dir + "/p.pb --trace " + dir + "/s.json").exit_code == 0);
+  CHECK(TraceFileRuleBroken(dir + "/s.json") == "");
   auto cj =
       nlohmann::json::parse(RunCli("compare " + dir + "/s.json " + dir + "/s.json --json").out);
   CHECK(cj.at("matched") == ops);

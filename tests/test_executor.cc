@@ -131,6 +131,7 @@ TEST_CASE("execute CLI: --check passes, the measured trace is a Chrome trace of 
       RunCli("execute " + dir + "/p.pb --local-ranks 8 --check --trace " + dir + "/m.json");
   CHECK_MESSAGE(r.exit_code == 0, r.out);
   CHECK(r.out.find("PASS") != std::string::npos);
+  CHECK(TraceFileRuleBroken(dir + "/m.json") == "");
   auto trace = nlohmann::json::parse(Slurp(dir + "/m.json"));
   CHECK(trace["otherData"]["source"] == "measured");
   size_t slices = 0;
@@ -154,6 +155,8 @@ TEST_CASE(
   REQUIRE(
       RunCli("execute " + dir + "/p.pb --local-ranks 4 --trace " + dir + "/cpu.json").exit_code ==
       0);
+  CHECK(TraceFileRuleBroken(dir + "/sim.json") == "");
+  CHECK(TraceFileRuleBroken(dir + "/cpu.json") == "");
   // A CPU run is far faster than the plan's H100s could be: no calibration from it.
   RunResult cpu =
       RunCli("compare " + dir + "/sim.json " + dir + "/cpu.json --calibrate " + dir + "/bad.yaml");
