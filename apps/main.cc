@@ -25,7 +25,9 @@ int main(int argc, char** argv) {
       {"simulate", "Simulate a config or plan: step time, bubbles, memory, MFU, trace",
        MakeSimulateCommand()},
       {"sweep", "Plan and simulate a grid of config variations", MakeSweepCommand()},
-      {"execute", "Run a plan: every rank's sequence with real numerics (CPU backend)",
+      {"execute",
+       "Run a plan: every rank's sequence, on the CPU (a tiny model, real numerics, --check "
+       "against a sequential run) or on GPUs (CUDA, NCCL between processes)",
        MakeExecuteCommand()},
       {"compare", "Line up a simulated and a measured trace; fit a calibration",
        MakeCompareCommand()},
@@ -34,6 +36,7 @@ int main(int argc, char** argv) {
   double max_memory_gib = 0;
   for (Entry& e : table) {
     CLI::App* sub = app.add_subcommand(e.name, e.help);
+    sub->option_defaults()->always_capture_default();  // --help shows every default
     e.cmd.setup(sub);
     sub->add_option("--max-memory", max_memory_gib,
                     "GiB a plan may take (estimated before it is built; default: half the "
