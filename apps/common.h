@@ -37,6 +37,7 @@ bool IsConfigPath(const std::string& path);
 bool StderrIsTerminal();
 
 Command MakePlanCommand();
+Command MakeImportMegatronCommand();
 Command MakeValidateCommand();
 Command MakeShowCommand();
 Command MakeSimulateCommand();

@@ -31,6 +31,8 @@ int main(int argc, char** argv) {
        MakeExecuteCommand()},
       {"compare", "Line up a simulated and a measured trace; fit a calibration",
        MakeCompareCommand()},
+      {"import-megatron", "Write a pipeplan config from a Megatron-LM launch script or arguments",
+       MakeImportMegatronCommand()},
   };
   std::vector<CLI::App*> subs;
   double max_memory_gib = 0;

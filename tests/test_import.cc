@@ -1,0 +1,86 @@
+// import-megatron: a Megatron-LM launch script becomes a config that loads, with every
+// argument mapped or reported.
+#include <doctest/doctest.h>
+
+#include "helpers.h"
+#include "planner/megatron_import.h"
+#include "planner/yaml_doc.h"
+
+using namespace pipeplan;
+using namespace pipeplan::test;
+
+namespace {
+
+constexpr const char* kScript = R"(#!/bin/bash
+#SBATCH --nodes=64 --ntasks-per-node=8
+TP=8
+GBS=${GBS:-1024}
+MODEL_ARGS=(
+    --num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672
+    --num-attention-heads 64 --group-query-attention --num-query-groups 8
+    --seq-length 8192 --swiglu --padded-vocab-size 128256
+)
+options=" \
+  --tensor-model-parallel-size $TP --pipeline-model-parallel-size 4 \
+  --num-layers-per-virtual-pipeline-stage 5 --micro-batch-size 1 \
+  --global-batch-size $GBS --use-distributed-optimizer --sequence-parallel --bf16 \
+  --recompute-granularity=selective --lr 1.0e-4"
+torchrun --nproc_per_node 8 pretrain_gpt.py ${MODEL_ARGS[@]} $options
+)";
+
+}  // namespace
+
+TEST_CASE("import-megatron: a launch script becomes a config with the same model and layout") {
+  auto r = ImportMegatron(kScript, "run.sh", {});
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  auto doc = YamlDoc::FromString("run.yaml", r->yaml);
+  REQUIRE(doc.ok());
+  auto c = ParseConfig(std::move(*doc));
+  REQUIRE_MESSAGE(c.ok(), c.status().message());
+  CHECK(c->cluster.nodes == 64);
+  CHECK(c->cluster.gpus_per_node == 8);
+  CHECK(c->model.llm.layers == 80);
+  CHECK(c->model.llm.kv_heads == 8);
+  CHECK(c->model.llm.gated_ffn);
+  CHECK(c->parallel.tp == 8);
+  CHECK(c->parallel.pp == 4);
+  CHECK(c->parallel.vp == 4);  // 80 layers / pp 4 / 5 per virtual stage
+  CHECK(c->parallel.dp == 16);
+  CHECK(c->schedule.pipeline == PipelineKind::kInterleaved1F1B);
+  CHECK(c->training.global_batch_size == 1024);  // ${GBS:-1024}
+  CHECK(c->training.zero_stage == 1);
+  CHECK(c->training.sequence_parallel);
+  CHECK(c->training.recompute == Recompute::kSelective);
+  REQUIRE(r->ignored.size() == 1);
+  CHECK(r->ignored[0] == "--lr 1.0e-4");
+  CHECK(r->yaml.find("#   --lr 1.0e-4") != std::string::npos);
+}
+
+TEST_CASE(
+    "import-megatron: bad values name the file and the argument; the CLI writes a config "
+    "that plans") {
+  auto bad = ImportMegatron("python pretrain_gpt.py --num-layers $L --hidden-size 64", "x.sh", {});
+  REQUIRE(!bad.ok());
+  CHECK(bad.status().message() ==
+        "x.sh: --num-layers: '$L' is not a whole number (an unset variable)");
+  const std::string dir = TempDir();
+  REQUIRE(RunShell("printf '%s' '" + std::string("--num-layers 8 --hidden-size 1024 ") +
+                   "--num-attention-heads 8 --seq-length 2048 --micro-batch-size 1 " +
+                   "--global-batch-size 64 --pipeline-model-parallel-size 2 --padded-vocab-size " +
+                   "32000 --ffn-hidden-size 4096' > " + dir + "/args.txt")
+              .exit_code == 0);
+  RunResult r = RunCli("import-megatron " + dir + "/args.txt --nodes 1 -o " + dir + "/c.yaml");
+  CHECK_MESSAGE(r.exit_code == 0, r.out);
+  CHECK(RunCli("simulate " + dir + "/c.yaml").exit_code == 0);
+  // The README's example script.
+  RunResult readme = RunCli("import-megatron " + std::string(PIPEPLAN_SOURCE_DIR) +
+                            "/configs/megatron/llama3_70b.sh -o " + dir + "/l.yaml");
+  CHECK_MESSAGE(readme.exit_code == 0, readme.out);
+  CHECK(readme.out.find("ignored (4 arguments") != std::string::npos);
+  CHECK(RunCli("plan " + dir + "/l.yaml").exit_code == 0);
+  // A config that does not load is not written.
+  RunResult missing =
+      RunCli("import-megatron " + dir + "/args.txt --nodes 1 --gpu Z9 -o " + dir + "/bad.yaml");
+  CHECK(missing.exit_code == 2);
+  CHECK(!Exists(dir + "/bad.yaml"));
+}
