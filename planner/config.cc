@@ -36,6 +36,14 @@ struct Ctx {
   const YamlDoc& doc;
   std::optional<Status> error;
   std::map<std::string, YAML::Node> seen;  // key path -> value node (for later checks)
+  std::set<std::string> known_paths;       // every key path a reader asked for
+  // Unknown keys with no near name in their own section: reported once every section has
+  // been read, with a hint from any section.
+  struct Unknown {
+    YAML::Node node;
+    std::string path, key;
+  };
+  std::vector<Unknown> unknown;
 
   void Fail(const YAML::Node& node, const std::string& path, std::string_view msg) {
     if (!error) error = InvalidInput(doc.ErrorAt(node, path, msg));
@@ -60,7 +68,7 @@ class MapReader {
 
   // Finds a key by its canonical name or an alias; nullopt if absent.
   std::optional<YAML::Node> Find(std::initializer_list<std::string_view> names, bool required) {
-    for (auto n : names) known_.insert(std::string(n));
+    for (auto n : names) known_.insert(std::string(n)), ctx_->known_paths.insert(Path(n));
     std::optional<YAML::Node> found;
     std::string found_name;
     if (node_.IsMap()) {
@@ -70,6 +78,13 @@ class MapReader {
         for (auto n : names) {
           if (key != n) continue;
           if (found) {
+            // A key and its alias: --set by either name overrides the file's.
+            const bool mine = ctx_->doc.FromSet(Path(key)),
+                       theirs = ctx_->doc.FromSet(Path(found_name));
+            if (mine != theirs) {
+              if (mine) found = it->second, found_name = key;
+              continue;
+            }
             ctx_->Fail(it->first, Path(n),
                        fmt::format("'{}' and '{}' set the same value", found_name, key));
             return std::nullopt;
@@ -187,6 +202,10 @@ class MapReader {
         size_t d = EditDistance(key, k);
         if (k.rfind(key, 0) == 0 || key.rfind(k, 0) == 0) d = std::min<size_t>(d, 1);  // prefix
         if (d < best) best = d, hint = fmt::format(" (did you mean '{}'?)", k);
+      }
+      if (hint.empty()) {
+        ctx_->unknown.push_back({it->first, Path(key), key});
+        return;
       }
       return ctx_->Fail(it->first, Path(key), fmt::format("unknown key '{}'{}", Path(key), hint));
     }
@@ -761,6 +780,16 @@ StatusOr<Config> ParseConfig(YamlDoc doc) {
   ReadData(root.Sub({"data"}), &c.data);
   ReadSchedule(root.Sub({"schedule"}), &c.schedule);
   root.Finish();
+  for (const Ctx::Unknown& u : ctx.unknown) {  // the same name (or a near one) elsewhere
+    std::string hint;
+    size_t best = std::max<size_t>(2, u.key.size() / 3) + 1;
+    for (const std::string& k : ctx.known_paths) {
+      const std::string last = k.substr(k.rfind('.') == std::string::npos ? 0 : k.rfind('.') + 1);
+      const size_t d = EditDistance(u.key, last);
+      if (d < best) best = d, hint = fmt::format(" (did you mean '{}'?)", k);
+    }
+    ctx.Fail(u.node, u.path, fmt::format("unknown key '{}'{}", u.path, hint));
+  }
   if (!ctx.error) CheckConsistency(&c, &ctx);
   if (ctx.error) return *ctx.error;
   c.resolved_yaml = doc.Dump();

@@ -31,6 +31,8 @@ class YamlDoc {
   // "--set KEY=VALUE: message" for one that came from the command line.
   std::string ErrorAt(const YAML::Node& node, const std::string& key_path,
                       std::string_view msg) const;
+  // Whether `--set` wrote this key path.
+  bool FromSet(const std::string& key_path) const { return set_origin_.count(key_path) > 0; }
 
  private:
   std::string name_;

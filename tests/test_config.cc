@@ -167,3 +167,23 @@ TEST_CASE("hostile values are errors, not crashes") {
   CHECK(Error(std::string(kBase) + "[a, b]: 1\n")
             .rfind("cfg.yaml:18:1: keys must be plain names", 0) == 0);
 }
+
+TEST_CASE("an unknown key gets a hint from another section; --set overrides by an alias") {
+  CHECK(Error(std::string(kBase) + "  sequence_parallel_x: true\n")
+            .rfind("cfg.yaml:18:3: unknown key 'training.sequence_parallel_x' (did you mean "
+                   "'sequence_parallel'?)",
+                   0) == 0);
+  CHECK(Error(Replace(kBase, "  pp: 4", "  pp: 4\n  sequence_parallel: true"))
+            .rfind("cfg.yaml:15:3: unknown key 'parallelism.sequence_parallel' (did you mean "
+                   "'training.sequence_parallel'?)",
+                   0) == 0);
+  // The file says pp, --set says pipeline_model_parallel_size: the --set wins.
+  Config c = ParseYaml(kBase, {"parallelism.pipeline_model_parallel_size=2"});
+  CHECK(c.parallel.pp == 2);
+  Config d = ParseYaml(Replace(kBase, "  pp: 4", "  pipeline_model_parallel_size: 4"),
+                       {"parallelism.pp=2"});
+  CHECK(d.parallel.pp == 2);
+  // Both names in the file remain an error.
+  CHECK(Error(Replace(kBase, "  pp: 4", "  pp: 4\n  pipeline_model_parallel_size: 4"))
+            .find("set the same value") != std::string::npos);
+}
