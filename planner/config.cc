@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <limits>
@@ -45,14 +46,30 @@ struct Ctx {
   };
   std::vector<Unknown> unknown;
 
+  // Every error of reading the keys is reported (up to kMaxErrors), in the order found;
+  // consistency checks run only when reading found none, and stop at their first.
+  static constexpr size_t kMaxErrors = 20;
+  std::vector<std::string> messages;
+  void Add(std::string m) {
+    if (!error) error = InvalidInput(m);
+    if (messages.size() < kMaxErrors &&
+        std::find(messages.begin(), messages.end(), m) == messages.end())
+      messages.push_back(std::move(m));
+  }
   void Fail(const YAML::Node& node, const std::string& path, std::string_view msg) {
-    if (!error) error = InvalidInput(doc.ErrorAt(node, path, msg));
+    Add(doc.ErrorAt(node, path, msg));
   }
   // Error about a key that was read earlier (consistency checks).
   void FailAt(const std::string& path, std::string_view msg) {
     auto it = seen.find(path);
+    if (error) return;  // derived from values that already failed
     if (it != seen.end()) return Fail(it->second, path, msg);
-    if (!error) error = InvalidInput(fmt::format("{}: {}: {}", doc.name(), path, msg));
+    Add(fmt::format("{}: {}: {}", doc.name(), path, msg));
+  }
+  Status Result() const {
+    std::string all;
+    for (const std::string& m : messages) all += (all.empty() ? "" : "\n") + m;
+    return InvalidInput(all);
   }
 };
 
@@ -94,7 +111,8 @@ class MapReader {
       }
     }
     if (found) ctx_->seen[Path(*names.begin())] = *found;
-    if (!found && required)
+    // A missing key of a missing (or broken) mapping is not reported again.
+    if (!found && required && (path_.empty() || node_.IsMap()))
       ctx_->Fail(node_, path_.empty() ? std::string(*names.begin()) : path_,
                  fmt::format("missing required key '{}'", Path(*names.begin())));
     return found;
@@ -791,7 +809,7 @@ StatusOr<Config> ParseConfig(YamlDoc doc) {
     ctx.Fail(u.node, u.path, fmt::format("unknown key '{}'{}", u.path, hint));
   }
   if (!ctx.error) CheckConsistency(&c, &ctx);
-  if (ctx.error) return *ctx.error;
+  if (ctx.error) return ctx.Result();
   c.resolved_yaml = doc.Dump();
   return c;
 }

@@ -151,7 +151,10 @@ TEST_CASE("hardware overrides apply to the catalog entry") {
 }
 
 TEST_CASE("hostile values are errors, not crashes") {
-  CHECK(Error("") == "cfg.yaml: cluster: missing required key 'cluster'");
+  CHECK(Error("") ==
+        "cfg.yaml: cluster: missing required key 'cluster'\n"
+        "cfg.yaml: model: missing required key 'model'\n"
+        "cfg.yaml: training: missing required key 'training'");
   CHECK(Error(kBase, {"model=3"}) == "--set model=3: 'model' must be a mapping");
   CHECK(Error(kBase, {"parallelism.tp=100000"}) ==
         "--set parallelism.tp=100000: 'parallelism.tp' must be <= 65536, got 100000");
@@ -186,4 +189,12 @@ TEST_CASE("an unknown key gets a hint from another section; --set overrides by a
   // Both names in the file remain an error.
   CHECK(Error(Replace(kBase, "  pp: 4", "  pp: 4\n  pipeline_model_parallel_size: 4"))
             .find("set the same value") != std::string::npos);
+}
+
+TEST_CASE("every error of reading the keys is reported in one run") {
+  const std::string msg =
+      Error(Replace(kBase, "  tp: 2", "  tp: two\n  ppp: 4") + "schedule:\n  pipeline: 2f2b\n");
+  CHECK(msg.find("'parallelism.tp' must be an integer, got 'two'") != std::string::npos);
+  CHECK(msg.find("unknown key 'parallelism.ppp'") != std::string::npos);
+  CHECK(msg.find("bad value '2f2b' for 'schedule.pipeline'") != std::string::npos);
 }
