@@ -68,6 +68,6 @@ else
 fi
 step "numeric check (CPU backend, 4 ranks, against the sequential reference)"
 run "$bin" execute "$work/pp4.pb" --backend cpu --local-ranks 4 --check
-cp "$work/pp4-sim.json" "$work/pp4-gpu.json" "$work/pp1-gpu.json" "$out/"
+cp "$work/pp4-sim.json" "$work/pp4-gpu.json" "$work/pp1-sim.json" "$work/pp1-gpu.json" "$out/"
 cp "$work"/*-nccl.json "$out/" 2>/dev/null || true
 echo "report: $report"

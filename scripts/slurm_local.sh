@@ -12,7 +12,7 @@ if [ "$cmd" = stop ]; then
   [ -n "$pids" ] || exit 0
   kill $pids 2>/dev/null || true
   for _ in $(seq 1 30); do
-    alive=$(for p in $pids; do kill -0 "$p" 2>/dev/null && echo "$p"; done)
+    alive=$(for p in $pids; do kill -0 "$p" 2>/dev/null && echo "$p"; done || true)
     [ -z "$alive" ] && exit 0
     sleep 0.1
   done
