@@ -1,6 +1,6 @@
 // pipeplan execute PLAN [--backend cpu|cuda] [--local-ranks N] [--rank R --world N] [--nccl]
 //                       [--rendezvous DIR [--rendezvous-key K]] [--check] [--trace FILE]
-//                       [--timeout S] [--fault R]
+//                       [--timeout S] [--fault R [--fault-kill]]
 #include <fmt/format.h>
 
 #include <cmath>
@@ -70,6 +70,7 @@ struct ExecOptions {
   bool check = false, nccl = false;
   double timeout_s = 60;
   int fault_rank = -1;
+  bool fault_kill = false;
 };
 
 Status WriteMeasuredTrace(const std::string& path, const Table& t, const Timeline& measured,
@@ -96,6 +97,7 @@ int RunMultiProcess(const ExecOptions& o, const Table& t, int rank, int world) {
   RunOptions ro;
   ro.op_timeout_s = o.timeout_s;
   ro.fault_rank = o.fault_rank;
+  ro.fault_kill = o.fault_kill;
   Timeline own;
   auto r = RunCpuMpi(t, ro, o.check, &own);
   if (!r.ok()) {
@@ -168,6 +170,7 @@ int RunNcclMode(const ExecOptions& o, const Table& t, int rank, int world) {
   RunOptions ro;
   ro.op_timeout_s = o.timeout_s;
   ro.fault_rank = o.fault_rank;
+  ro.fault_kill = o.fault_kill;
   Timeline own;
   auto r = RunNccl(t, l, ro, o.check, &own);
   if (rank == 0 && !o.rendezvous.empty()) RemoveRendezvousFile(fr);  // also after a failure
@@ -241,6 +244,8 @@ Command MakeExecuteCommand() {
     app->add_option("--timeout", o->timeout_s, "seconds one RECV or collective may wait");
     app->add_option("--fault", o->fault_rank,
                     "testing fault handling: this rank fails at its first SEND");
+    app->add_flag("--fault-kill", o->fault_kill,
+                  "with --fault: the rank's process kills itself (SIGKILL) instead, as a crash");
   };
   c.run = [o]() -> int {
     auto t = LoadPlan(o->plan);
@@ -254,6 +259,10 @@ Command MakeExecuteCommand() {
 
     if (o->local_ranks < 0)
       return Report(InvalidInput(fmt::format("--local-ranks {}: expected >= 1", o->local_ranks)));
+    if (o->fault_kill && o->fault_rank < 0)
+      return Report(InvalidInput("--fault-kill needs --fault RANK"));
+    if (o->fault_kill && o->local_ranks > 0)
+      return Report(InvalidInput("--fault-kill needs one process per rank (srun / mpirun)"));
     if (o->fault_rank < -1 || o->fault_rank >= t->num_ranks())
       return Report(InvalidInput(
           fmt::format("--fault {}: the plan has ranks 0..{}", o->fault_rank, t->num_ranks() - 1)));
@@ -271,6 +280,7 @@ Command MakeExecuteCommand() {
     RunOptions ro;
     ro.op_timeout_s = o->timeout_s;
     ro.fault_rank = o->fault_rank;
+    ro.fault_kill = o->fault_kill;
     Timeline measured;
     StatusOr<CheckResult> r = CheckResult{};
     if (o->backend == "cuda") {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <csignal>
 #include <thread>
 
 namespace pipeplan {
@@ -39,8 +40,9 @@ Status RunSequence(const Table& t, int32_t rank, const std::function<Status(OpId
                    Timeline* measured, OpId* failed) {
   for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i) {
     measured->start[i] = Seconds(t0);
-    Status s = rank == o.fault_rank && IsSend(t.kind(i)) ? Internal("injected fault (--fault)")
-                                                         : run_op(i);
+    const bool fault = rank == o.fault_rank && IsSend(t.kind(i));
+    if (fault && o.fault_kill) std::raise(SIGKILL);  // a crash: no error, no trace, no exit code
+    Status s = fault ? Internal("injected fault (--fault)") : run_op(i);
     measured->end[i] = Seconds(t0);
     if (!s.ok()) {
       if (failed) *failed = i;

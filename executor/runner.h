@@ -28,6 +28,7 @@ class Backend {
 struct RunOptions {
   double op_timeout_s = 60;  // longest wait of one RECV or collective
   int32_t fault_rank = -1;   // testing: this rank fails at its first SEND (-1 = none)
+  bool fault_kill = false;   // testing: ... by killing its own process (SIGKILL), as a crash
 };
 
 // Runs rank r's sequence, calling run_op for each op and timing it. On failure the error

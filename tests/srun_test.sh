@@ -34,6 +34,17 @@ grep -q "rank 1: r1 .*: injected fault" <<<"$out" || { echo "FAIL: no error nami
 ls "$dir"/fail.json.rank1.json >/dev/null 2>&1 || { echo "FAIL: no partial trace"; exit 1; }
 echo "srun: a failed rank stops the job (non-zero exit), partial trace written"
 
+# A process that dies (SIGKILL, as a crash or the OOM killer): the job stops with a
+# non-zero exit, never a hang. (Slurm's PMIx plugin cancels the step when a task dies and
+# kills the others at once: they keep no partial trace there.)
+start=$(date +%s)
+if out=$(timeout 120 srun --mpi=pmix -n 4 -O "$bin" execute "$dir/p.pb" --fault 2 --fault-kill --timeout 5 --trace "$dir/kill.json" 2>&1); then
+  echo "FAIL: the run with a killed process exited 0: $out"; exit 1
+fi
+[ $(( $(date +%s) - start )) -lt 100 ] || { echo "FAIL: the killed run took too long: $out"; exit 1; }
+grep -q "task 2: Killed" <<<"$out" || { echo "FAIL: task 2 was not the one killed: $out"; exit 1; }
+echo "srun: a killed process stops the job (non-zero exit) in $(( $(date +%s) - start )) s"
+
 # --backend cuda under srun: one process per GPU over NCCL (NCCL's id through MPI). Where
 # there is no GPU, every process stops with a clear error and a non-zero exit, never a hang.
 if nvidia-smi -L >/dev/null 2>&1; then
