@@ -14,7 +14,8 @@ uint32_t CollectiveTag(OpKind kind, Module module, int32_t chunk, int bucket) {
 std::vector<RankSeq> ExpandStages(const std::vector<StageOrder>& orders, const PipelineShape& shape,
                                   const TextWorkIds& works) {
   std::vector<RankSeq> seqs(static_cast<size_t>(shape.dp) * shape.pp);
-  const bool per_rank = orders.size() == seqs.size() && orders.size() != static_cast<size_t>(shape.pp);
+  const bool per_rank =
+      orders.size() == seqs.size() && orders.size() != static_cast<size_t>(shape.pp);
   for (int d = 0; d < shape.dp; ++d) {
     for (int s = 0; s < shape.pp; ++s) {
       RankSeq& seq = seqs[shape.rank(d, s)];
@@ -40,40 +41,24 @@ void AddSendRecv(std::vector<RankSeq>* seqs, const PipelineShape& shape, WorkId 
     if (seq.empty()) continue;
     RankSeq out;
     out.reserve(seq.size() * 2 + 8);
-    // The transfers of a text op: (kind, stage of the other end, sender stage, direction).
-    struct Transfer {
-      OpKind kind;
-      int other, sender, dir;
-    };
-    auto transfers = [&](const OpKey& k, bool recv) {
-      std::vector<Transfer> x;
-      if (k.module != Module::kText) return x;
-      const int s = k.rank % shape.pp, g = shape.global(k.chunk, s);
-      const bool backward = k.kind == OpKind::kB || k.kind == OpKind::kI;
-      if (k.kind == OpKind::kF) {
-        if (recv && g > 0) x.push_back({OpKind::kRecvF, g - 1, g - 1, 0});
-        if (!recv && g < S - 1) x.push_back({OpKind::kSendF, g + 1, g, 0});
-      } else if (backward) {
-        if (recv && g < S - 1) x.push_back({OpKind::kRecvB, g + 1, g + 1, 1});
-        if (!recv && g > 0) x.push_back({OpKind::kSendB, g - 1, g, 1});
-      }
-      // Stages on the same rank hand their data over locally.
-      std::erase_if(x, [&](const Transfer& t) { return shape.home(t.other).pp_rank == s; });
-      return x;
-    };
+    // The receive (before) or send (after) of a text op, if it has one: F receives from the
+    // stage before and sends to the one after, B or I the other way; stages on the same
+    // rank hand their data over locally.
     auto emit = [&](const PendingOp& op, bool recv, RankSeq* to) {
       const OpKey& k = op.key;
-      const int d = k.rank / shape.pp;
-      for (const Transfer& t : transfers(k, recv)) {
-        OpKey pk{k.rank,
-                 t.kind,
-                 Module::kText,
-                 k.chunk,
-                 k.mb,
-                 -1,
-                 shape.rank(d, shape.home(t.other).pp_rank)};
-        to->push_back({pk, p2p_work, tag(d, t.sender, k.mb, t.dir)});
-      }
+      if (k.module != Module::kText) return;
+      const bool fwd = k.kind == OpKind::kF;
+      if (!fwd && k.kind != OpKind::kB && k.kind != OpKind::kI) return;
+      const int d = k.rank / shape.pp, s = k.rank % shape.pp, g = shape.global(k.chunk, s);
+      const int other = fwd == recv ? g - 1 : g + 1;  // F receives from g - 1, B from g + 1
+      if (other < 0 || other >= S) return;
+      const int peer = shape.home(other).pp_rank;
+      if (peer == s) return;
+      const OpKind kind =
+          recv ? (fwd ? OpKind::kRecvF : OpKind::kRecvB) : (fwd ? OpKind::kSendF : OpKind::kSendB);
+      const int sender = recv ? other : g;
+      to->push_back({OpKey{k.rank, kind, Module::kText, k.chunk, k.mb, -1, shape.rank(d, peer)},
+                     p2p_work, tag(d, sender, k.mb, fwd ? 0 : 1)});
     };
     for (size_t j = 0; j < seq.size(); ++j) {
       // An overlapped pair receives both inputs first and sends both outputs after. A pair
