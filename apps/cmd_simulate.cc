@@ -31,7 +31,8 @@ Command MakeSimulateCommand() {
         ->delimiter(',');
     app->add_option("--calibration", o->calibration,
                     "a calibration file written by compare --calibrate");
-    app->add_option("--cost", o->cost, "real (hardware cost model) or unit (F = I = W = 1, B = 2, communication 0)")
+    app->add_option("--cost", o->cost,
+                    "real (hardware cost model) or unit (F = I = W = 1, B = 2, communication 0)")
         ->check(CLI::IsMember({"real", "unit"}));
   };
   c.run = [o]() -> int {

@@ -199,9 +199,8 @@ StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const L
 
 Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch& batch,
                    const std::vector<StageOrder>& orders, const TextWorkload& tw,
-                   const TextWorkIds& text_work,
-                   const std::vector<RankInfo>& ranks, TableBuilder* b,
-                   std::vector<RankSeq>* seqs) {
+                   const TextWorkIds& text_work, const std::vector<RankInfo>& ranks,
+                   TableBuilder* b, std::vector<RankSeq>* seqs) {
   const ModalityPolicy policy = c.schedule.modality;
   const bool decoupled = policy == ModalityPolicy::kDecoupled;
   // Nested, bubble-fill and optimus are placed by the list scheduler; the generator is
