@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <new>
+#include <system_error>
+
 #include "core/files.h"
 #include "core/table_io.h"
 #include "planner/plan.h"
@@ -51,6 +54,50 @@ Status WriteTrace(const std::string& path, const std::string& json) {
   if (!gz) return WriteFileAtomic(path, json);
   ASSIGN_OR_RETURN(std::string packed, Gzip(json));
   return WriteFileAtomic(path, packed);
+}
+
+int RunCommandLine(CLI::App& app, std::vector<CommandEntry>& table, int argc, char** argv) {
+  std::vector<CLI::App*> subs;
+  double max_memory_gib = 0;
+  for (CommandEntry& e : table) {
+    CLI::App* sub = *e.name ? app.add_subcommand(e.name, e.help) : &app;
+    sub->option_defaults()->always_capture_default();  // --help shows every default
+    e.cmd.setup(sub);
+    sub->add_option("--max-memory", max_memory_gib,
+                    "GiB a plan may take (estimated before it is built; default: half the "
+                    "machine's memory)")
+        ->check(CLI::Range(1e-6, 1e9));
+    subs.push_back(sub);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  if (max_memory_gib > 0) SetMemoryBudgetBytes(max_memory_gib * (1 << 30));
+  try {
+    for (size_t i = 0; i < table.size(); ++i)
+      if (subs[i]->parsed()) return table[i].cmd.run();
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr,
+               "pipeplan: error: out of memory (make the plan smaller, or see "
+               "--max-memory)\n");
+    return 1;
+  } catch (const std::system_error& e) {
+    fmt::print(stderr, "pipeplan: error: the system refused a resource: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "pipeplan: error: internal error: {}\n", e.what());
+    return 1;
+  }
+  return 2;
 }
 
 }  // namespace pipeplan

@@ -36,13 +36,27 @@ bool IsConfigPath(const std::string& path);
 
 bool StderrIsTerminal();
 
+// One entry of a command-line tool: a subcommand, or (with an empty name) the tool's only
+// command.
+struct CommandEntry {
+  const char* name;
+  const char* help;
+  Command cmd;
+};
+// Parses the command line and runs the chosen entry; every entry takes --max-memory.
+// Running out of memory or threads ends in an error naming the cause, not an abort.
+int RunCommandLine(CLI::App& app, std::vector<CommandEntry>& table, int argc, char** argv);
+
 Command MakePlanCommand();
 Command MakeImportMegatronCommand();
 Command MakeValidateCommand();
 Command MakeShowCommand();
 Command MakeSimulateCommand();
 Command MakeSweepCommand();
-Command MakeExecuteCommand();
+Command MakeExecuteCommand();  // in pipeplan-execute only
+inline constexpr const char* kExecuteHelp =
+    "Run a plan: every rank's sequence, on the CPU (a tiny model, real numerics, --check "
+    "against a sequential run) or on GPUs (CUDA, NCCL between processes)";
 Command MakeCompareCommand();
 
 }  // namespace pipeplan
