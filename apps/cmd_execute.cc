@@ -77,7 +77,7 @@ Status WriteMeasuredTrace(const std::string& path, const Table& t, const Timelin
                           const char* source = "measured") {
   TraceOptions to;
   to.source = source;
-  return WriteTrace(path, ChromeTrace(t, measured, {}, to));
+  return WriteTrace(path, t, measured, {}, to);
 }
 
 // Writes this process's partial trace after a failure: TRACE.rank<r>.json (TRACE.gpu<p>.json

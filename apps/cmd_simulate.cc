@@ -62,8 +62,9 @@ Command MakeSimulateCommand() {
       TraceOptions to;
       to.ranks = o->trace_ranks, to.dp_replicas = o->trace_dp, to.source = "simulated";
       to.predicted_s = &sim->durations;
-      std::string trace = ChromeTrace(in->table, sim->timeline, MemoryCounters(sim->memory), to);
-      if (Status s = WriteTrace(o->trace, trace); !s.ok()) return Report(s);
+      if (Status s = WriteTrace(o->trace, in->table, sim->timeline, MemoryCounters(sim->memory), to);
+          !s.ok())
+        return Report(s);
     }
     if (o->json) {
       fmt::print("{}\n", MetricsJson(sim->metrics).dump(1));

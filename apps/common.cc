@@ -44,16 +44,15 @@ bool StderrIsTerminal() {
   return isatty(STDERR_FILENO) == 1;
 }
 
-Status WriteTrace(const std::string& path, const std::string& json) {
-  if (json.size() > kTraceWarnBytes)
+Status WriteTrace(const std::string& path, const Table& t, const Timeline& tl,
+                  const std::vector<CounterTrack>& counters, const TraceOptions& o) {
+  ASSIGN_OR_RETURN(size_t bytes, WriteChromeTrace(path, t, tl, counters, o));
+  if (bytes > kTraceWarnBytes)
     fmt::print(stderr,
                "warning: the trace is {:.0f} MiB; --trace-ranks / --trace-dp keep fewer ranks, a "
                ".json.gz name compresses it\n",
-               json.size() / 1048576.0);
-  const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
-  if (!gz) return WriteFileAtomic(path, json);
-  ASSIGN_OR_RETURN(std::string packed, Gzip(json));
-  return WriteFileAtomic(path, packed);
+               bytes / 1048576.0);
+  return Status::Ok();
 }
 
 int RunCommandLine(CLI::App& app, std::vector<CommandEntry>& table, int argc, char** argv) {

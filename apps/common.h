@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/chrome_trace.h"
 #include "core/status.h"
 #include "core/table.h"
 #include "planner/config.h"
@@ -21,10 +22,11 @@ struct Command {
 
 // Prints "pipeplan: error: ..." to stderr and returns the status's exit code.
 int Report(const Status& s);
-// Writes a Chrome trace: gzipped when the name ends in .gz; a warning on stderr when it is
-// larger than kTraceWarnBytes (with how to make it smaller).
+// Writes a Chrome trace (streamed; gzipped when the name ends in .gz); a warning on stderr
+// when it is larger than kTraceWarnBytes (with how to make it smaller).
 inline constexpr size_t kTraceWarnBytes = size_t{256} << 20;
-Status WriteTrace(const std::string& path, const std::string& json);
+Status WriteTrace(const std::string& path, const Table& t, const Timeline& tl,
+                  const std::vector<CounterTrack>& counters, const TraceOptions& o);
 
 // A YAML config (planned now) or a plan file (.pb/.json); `config` is the one used.
 struct Input {

@@ -1,7 +1,22 @@
-// Benchmarks (not tests): plan generation, plan file I/O, engine throughput.
+// Benchmarks (not tests): plan generation, validation, plan file I/O, engine and simulator
+// throughput, replanning, CLI start-up, trace writing, memory per op (measured RSS).
 //   build/bench/pipeplan_bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "core/chrome_trace.h"
+#include "planner/validate.h"
+#include "simulator/metrics.h"
 
 #include "core/table_io.h"
 #include "executor/process_map.h"
@@ -35,6 +50,64 @@ Table MustPlan(const Config& c) {
   auto t = BuildPlan(c);
   if (!t.ok()) throw std::runtime_error(t.status().message());
   return std::move(t).value();
+}
+
+const std::string kK3 = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/k3_scale.yaml";
+
+Config K3Config(std::vector<std::string> sets = {}) {
+  auto c = LoadConfig(kK3, sets);
+  if (!c.ok()) throw std::runtime_error(c.status().message());
+  return *c;
+}
+
+// Memory as the kernel counts it: resident set now, and its peak since the last reset.
+size_t StatusKiB(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field, 0) == 0) return std::stoul(line.substr(std::strlen(field)));
+  return 0;
+}
+size_t RssBytes() { return StatusKiB("VmRSS:") * 1024; }
+size_t PeakRssBytes() { return StatusKiB("VmHWM:") * 1024; }
+void ResetPeakRss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+// Peak RSS above the resident set before `f` ran, per op.
+template <typename F>
+double MeasuredBytesPerOp(size_t ops, F&& f) {
+  const size_t before = RssBytes();
+  ResetPeakRss();
+  f();
+  return static_cast<double>(PeakRssBytes() - std::min(before, PeakRssBytes())) / ops;
+}
+
+// Runs a command; returns its wall seconds and peak RSS (bytes).
+std::pair<double, double> RunProcess(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  pid_t pid = 0;
+  if (posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ) != 0)
+    throw std::runtime_error("cannot start " + argv[0]);
+  posix_spawn_file_actions_destroy(&fa);
+  int status = 0;
+  rusage ru{};
+  wait4(pid, &status, 0, &ru);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw std::runtime_error(argv[0] + " " + argv[1] + " failed");
+  return {s, ru.ru_maxrss * 1024.0};
+}
+
+void SetOpsRate(benchmark::State& state, size_t ops) {
+  state.counters["ops"] = static_cast<double>(ops);
+  state.counters["ops_per_s"] =
+      benchmark::Counter(static_cast<double>(ops), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_PlanGeneration(benchmark::State& state) {
@@ -71,41 +144,144 @@ void BM_PlanReadPb(benchmark::State& state) {
 }
 BENCHMARK(BM_PlanReadPb)->Unit(benchmark::kMillisecond);
 
-void BM_PlanWriteJson(benchmark::State& state) {
-  Table t = MustPlan(BenchConfig(8, 1, 64, 512));
-  for (auto _ : state) benchmark::DoNotOptimize(ToJson(t));
+// JSON plan files (save to disk, load back), on a plan of about 1.4 M ops; s_per_Mop is
+// the time per million ops.
+void BM_PlanSaveJson(benchmark::State& state) {
+  const Table t = MustPlan(BenchConfig(8, 1, 64, 512));
+  const std::string out = fmt::format("/tmp/pipeplan_bench_{}.json", getpid());
+  for (auto _ : state)
+    if (Status s = SavePlan(t, out, PlanFormat::kJson); !s.ok())
+      state.SkipWithError(s.message().c_str());
+  std::remove(out.c_str());
   state.counters["ops"] = static_cast<double>(t.size());
+  state.counters["s_per_Mop"] =
+      benchmark::Counter(t.size() / 1e6, benchmark::Counter::kIsIterationInvariantRate |
+                                             benchmark::Counter::kInvert);
 }
-BENCHMARK(BM_PlanWriteJson)->Unit(benchmark::kMillisecond)->Iterations(1);
+BENCHMARK(BM_PlanSaveJson)->Unit(benchmark::kMillisecond)->MinTime(2);
+
+void BM_PlanLoadJson(benchmark::State& state) {
+  const Table t = MustPlan(BenchConfig(8, 1, 64, 512));
+  const std::string out = fmt::format("/tmp/pipeplan_bench_{}.json", getpid());
+  if (Status s = SavePlan(t, out, PlanFormat::kJson); !s.ok())
+    return state.SkipWithError(s.message().c_str());
+  for (auto _ : state) {
+    auto back = LoadPlan(out);
+    if (!back.ok() || back->size() != t.size()) state.SkipWithError("load failed");
+    benchmark::DoNotOptimize(back);
+  }
+  std::remove(out.c_str());
+  state.counters["ops"] = static_cast<double>(t.size());
+  state.counters["s_per_Mop"] =
+      benchmark::Counter(t.size() / 1e6, benchmark::Counter::kIsIterationInvariantRate |
+                                             benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_PlanLoadJson)->Unit(benchmark::kMillisecond)->MinTime(2);
 
 void BM_Engine(benchmark::State& state) {
   Config c = BenchConfig(16, 2, 128, 256);  // about 6.2M ops
   Table t = MustPlan(c);
   std::vector<double> dur = SimOptionsFor(c).cost.Durations(t);
+  // Peak resident memory of one engine pass (its state and the timeline it returns).
+  const double engine_bytes = MeasuredBytesPerOp(t.size(), [&] {
+    auto tl = Simulate(t, dur);
+    benchmark::DoNotOptimize(tl);
+  });
   for (auto _ : state) {
     auto tl = Simulate(t, dur);
     if (!tl.ok()) state.SkipWithError("simulation failed");
     benchmark::DoNotOptimize(tl);
   }
-  // Engine state per op: timeline (2 doubles), durations (1 double), state byte, send->recv map.
-  double engine_bytes = 2 * sizeof(double) + sizeof(double) + 1 + sizeof(OpId);
-  state.counters["ops"] = static_cast<double>(t.size());
-  state.counters["ops_per_s"] = benchmark::Counter(static_cast<double>(t.size()),
-                                                   benchmark::Counter::kIsIterationInvariantRate);
+  SetOpsRate(state, t.size());
   state.counters["table_bytes_per_op"] = static_cast<double>(t.MemoryBytes()) / t.size();
   state.counters["engine_bytes_per_op"] = engine_bytes;
 }
 BENCHMARK(BM_Engine)->Unit(benchmark::kMillisecond)->MinTime(2);
 
+// The engine alone on the K3-scale multimodal plan (4,096 GPUs).
+void BM_EngineK3(benchmark::State& state) {
+  const Config c = K3Config();
+  const Table t = MustPlan(c);
+  const std::vector<double> dur = SimOptionsFor(c).cost.Durations(t);
+  for (auto _ : state) {
+    auto tl = Simulate(t, dur);
+    if (!tl.ok()) state.SkipWithError("simulation failed");
+    benchmark::DoNotOptimize(tl);
+  }
+  SetOpsRate(state, t.size());
+}
+BENCHMARK(BM_EngineK3)->Unit(benchmark::kMillisecond)->MinTime(2);
+
+// What `simulate` computes: durations, engine passes (link contention), memory, metrics,
+// the hidden fractions.
+void BM_SimulateK3(benchmark::State& state) {
+  const Config c = K3Config();
+  const Table t = MustPlan(c);
+  const SimOptions o = SimOptionsFor(c);
+  for (auto _ : state) {
+    auto r = RunSimulation(t, o);
+    if (!r.ok()) state.SkipWithError("simulation failed");
+    benchmark::DoNotOptimize(r);
+  }
+  SetOpsRate(state, t.size());
+}
+BENCHMARK(BM_SimulateK3)->Unit(benchmark::kMillisecond)->MinTime(2);
+
+// What `plan` computes before writing: the table, then its validation.
+void BM_PlanK3(benchmark::State& state) {
+  const Config c = K3Config();
+  size_t ops = 0;
+  double validate_s = 0;
+  for (auto _ : state) {
+    Table t = MustPlan(c);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!ValidatePlan(t).ok()) state.SkipWithError("validation failed");
+    validate_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ops = t.size();
+  }
+  SetOpsRate(state, ops);
+  state.counters["validate_ops_per_s"] =
+      static_cast<double>(ops) * state.iterations() / std::max(validate_s, 1e-9);
+}
+BENCHMARK(BM_PlanK3)->Unit(benchmark::kMillisecond)->MinTime(2);
+
+// The engine's time per op as the K3-scale plan grows (nodes x1/2 to x16): the slope of
+// log(time) over log(ops) by least squares (1 = linear).
+void BM_EngineScalingK3(benchmark::State& state) {
+  std::vector<double> x, y;
+  for (int nodes : {256, 512, 1024, 2048, 4096, 8192}) {
+    const Config c = K3Config({fmt::format("cluster.nodes={}", nodes)});
+    const Table t = MustPlan(c);
+    const std::vector<double> dur = SimOptionsFor(c).cost.Durations(t);
+    double best = 1e30;
+    for (int k = 0; k < 3; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto tl = Simulate(t, dur);
+      benchmark::DoNotOptimize(tl);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    x.push_back(std::log(static_cast<double>(t.size())));
+    y.push_back(std::log(best));
+    state.counters[fmt::format("ns_per_op_{}n", nodes)] = best / t.size() * 1e9;
+  }
+  for (auto _ : state) {
+  }
+  const double n = x.size();
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < x.size(); ++i) sx += x[i], sy += y[i], sxx += x[i] * x[i], sxy += x[i] * y[i];
+  state.counters["slope"] = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+}
+BENCHMARK(BM_EngineScalingK3)->Unit(benchmark::kMillisecond)->Iterations(1);
+
 // Replanning one step of the K3-scale config on 1,024 GPUs with a fresh batch of images:
 // data, balancing, dynamic CP sub-groups, bubble-fill placement (with its text timeline),
 // lowering. One new seed per iteration.
 void BM_ReplanK3Step(benchmark::State& state) {
-  const std::string path = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/k3_scale.yaml";
   uint64_t seed = 0;
   size_t ops = 0;
   for (auto _ : state) {
-    auto c = LoadConfig(path, {"cluster.nodes=128", fmt::format("data.seed={}", ++seed)});
+    auto c = LoadConfig(kK3, {fmt::format("cluster.nodes={}", state.range(0)),
+                              fmt::format("data.seed={}", ++seed)});
     if (!c.ok()) return state.SkipWithError(c.status().message().c_str());
     Table t = MustPlan(*c);
     ops = t.size();
@@ -113,7 +289,56 @@ void BM_ReplanK3Step(benchmark::State& state) {
   }
   state.counters["ops"] = static_cast<double>(ops);
 }
-BENCHMARK(BM_ReplanK3Step)->Unit(benchmark::kMillisecond)->MinTime(2);
+BENCHMARK(BM_ReplanK3Step)->Arg(128)->Arg(512)->Unit(benchmark::kMillisecond)->MinTime(2);
+
+// CLI start-up: `pipeplan --version` as a process (wall time and peak RSS).
+void BM_CliStartup(benchmark::State& state) {
+  double rss = 0;
+  for (auto _ : state) {
+    auto [s, peak] = RunProcess({PIPEPLAN_BIN, "--version"});
+    state.SetIterationTime(s);
+    rss = peak;
+  }
+  state.counters["peak_rss_MiB"] = rss / (1 << 20);
+}
+BENCHMARK(BM_CliStartup)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(1);
+
+// Memory of `plan` on the K3-scale config: the process's peak RSS above start-up, per op.
+void BM_PlanProcessMemoryK3(benchmark::State& state) {
+  const std::string out = fmt::format("/tmp/pipeplan_bench_{}.pb", getpid());
+  double bytes_per_op = 0;
+  for (auto _ : state) {
+    const double startup = RunProcess({PIPEPLAN_BIN, "--version"}).second;
+    auto [s, peak] = RunProcess({PIPEPLAN_BIN, "plan", kK3, "-o", out});
+    state.SetIterationTime(s);
+    auto t = LoadPlan(out);
+    if (!t.ok()) return state.SkipWithError("cannot read the plan back");
+    bytes_per_op = (peak - startup) / t->size();
+    state.counters["ops"] = static_cast<double>(t->size());
+  }
+  std::remove(out.c_str());
+  state.counters["bytes_per_op"] = bytes_per_op;
+}
+BENCHMARK(BM_PlanProcessMemoryK3)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+
+// The Chrome trace of the simulated K3-scale step: ops/s and the peak memory it takes
+// above the plan and timeline, per op.
+void BM_TraceK3(benchmark::State& state) {
+  const Config c = K3Config();
+  const Table t = MustPlan(c);
+  auto sim = RunSimulation(t, SimOptionsFor(c));
+  if (!sim.ok()) return state.SkipWithError("simulation failed");
+  const std::string out = fmt::format("/tmp/pipeplan_bench_{}.json", getpid());
+  auto write = [&] {
+    auto s = WriteChromeTrace(out, t, sim->timeline, {}, TraceOptions{});
+    if (!s.ok()) state.SkipWithError(s.status().message().c_str());
+  };
+  state.counters["held_bytes_per_op"] = MeasuredBytesPerOp(t.size(), write);
+  for (auto _ : state) write();
+  std::remove(out.c_str());
+  SetOpsRate(state, t.size());
+}
+BENCHMARK(BM_TraceK3)->Unit(benchmark::kMillisecond)->MinTime(2);
 
 // Executor overhead: the runner and in-process transport with a backend that does no work,
 // so the time per op is what the executor adds (dispatch, timing, mailbox, wake-ups).
@@ -148,8 +373,7 @@ BENCHMARK(BM_ExecutorOverhead)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->U
 // communicator the NCCL backend creates, and their split rounds (what each process
 // computes before it joins NCCL).
 void BM_CommunicatorPlanK3(benchmark::State& state) {
-  const std::string path = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/k3_scale.yaml";
-  auto c = LoadConfig(path, {"cluster.nodes=128"});
+  auto c = LoadConfig(kK3, {"cluster.nodes=128"});
   if (!c.ok()) return state.SkipWithError(c.status().message().c_str());
   Table t = MustPlan(*c);
   int64_t gpus = 0;

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "core/files.h"
 #include "core/version.h"
 
 namespace pipeplan {
@@ -32,9 +34,21 @@ bool Included(const std::vector<int32_t>& filter, int32_t v) {
   return filter.empty() || std::find(filter.begin(), filter.end(), v) != filter.end();
 }
 
-// A JSON string literal (escaped by the JSON library).
-std::string Quote(std::string_view s) {
-  return nlohmann::json(std::string(s)).dump();
+// Appends `s` as a JSON string literal: quotes, and escapes for ", \ and control bytes
+// (JSON's rules; other bytes pass through as UTF-8).
+void Quote(fmt::memory_buffer& out, std::string_view s) {
+  out.push_back('"');
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      out.push_back('\\'), out.push_back(ch);
+    } else if (c < 0x20) {
+      fmt::format_to(std::back_inserter(out), "\\u{:04x}", c);
+    } else {
+      out.push_back(ch);
+    }
+  }
+  out.push_back('"');
 }
 
 // Times are written in whole nanoseconds (as microseconds with three decimals): Perfetto
@@ -42,37 +56,65 @@ std::string Quote(std::string_view s) {
 int64_t Ns(double seconds) {
   return std::llround(seconds * 1e9);
 }
-std::string Us(int64_t ns) {
-  return fmt::format("{}{}.{:03d}", ns < 0 ? "-" : "", std::abs(ns) / 1000, std::abs(ns) % 1000);
+void Us(fmt::memory_buffer& out, int64_t ns) {
+  fmt::format_to(std::back_inserter(out), "{}{}.{:03d}", ns < 0 ? "-" : "", std::abs(ns) / 1000,
+                 std::abs(ns) % 1000);
 }
+
+// The trace's text, handed to `sink` in pieces of about kFlushBytes.
+class TraceText {
+ public:
+  static constexpr size_t kFlushBytes = size_t{1} << 20;
+  explicit TraceText(const std::function<Status(std::string_view)>& sink) : sink_(sink) {}
+  fmt::memory_buffer& buf() { return buf_; }
+  // Starts the next event.
+  fmt::memory_buffer& Event() {
+    if (!first_) buf_.append(std::string_view(",\n"));
+    first_ = false;
+    return buf_;
+  }
+  template <typename... Args>
+  void Add(fmt::format_string<Args...> f, Args&&... args) {
+    fmt::format_to(std::back_inserter(buf_), f, std::forward<Args>(args)...);
+  }
+  Status Flush(bool all = false) {
+    if (!status_.ok() || (!all && buf_.size() < kFlushBytes)) return status_;
+    status_ = sink_(std::string_view(buf_.data(), buf_.size()));
+    buf_.clear();
+    return status_;
+  }
+
+ private:
+  const std::function<Status(std::string_view)>& sink_;
+  fmt::memory_buffer buf_;
+  bool first_ = true;
+  Status status_ = Status::Ok();
+};
 
 }  // namespace
 
-std::string ChromeTrace(const Table& t, const Timeline& tl,
-                        const std::vector<CounterTrack>& counters, const TraceOptions& o) {
+Status StreamChromeTrace(const Table& t, const Timeline& tl,
+                         const std::vector<CounterTrack>& counters, const TraceOptions& o,
+                         const std::function<Status(std::string_view)>& sink) {
   std::vector<uint8_t> include(t.num_ranks());
   for (int32_t r = 0; r < t.num_ranks(); ++r)
     include[r] = Included(o.ranks, r) && Included(o.dp_replicas, t.ranks()[r].dp);
-  std::string out;
-  out.reserve(t.size() * 200 + 4096);
-  out += "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-  bool first = true;
-  auto emit = [&](const std::string& ev) {
-    if (!first) out += ",\n";
-    first = false;
-    out += ev;
-  };
+  TraceText out(sink);
+  auto& buf = out.buf();
+  out.Add("{{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
   auto ran = [&](OpId i) { return include[t.rank(i)] && tl.start[i] >= 0; };
   std::vector<int64_t> tid_of(t.size(), -1);
   for (int32_t r = 0; r < t.num_ranks(); ++r) {
     if (!include[r]) continue;
     const RankInfo& ri = t.ranks()[r];
-    const std::string pname = fmt::format("rank {} [dp {} pp {}; {} GPUs from GPU {}]", r, ri.dp,
-                                          ri.pp, ri.gpus, ri.first_gpu);
-    emit(fmt::format(R"({{"ph":"M","name":"process_name","pid":{},"args":{{"name":{}}}}})", r,
-                     Quote(pname)));
-    emit(fmt::format(
-        R"({{"ph":"M","name":"process_sort_index","pid":{},"args":{{"sort_index":{}}}}})", r, r));
+    out.Event();
+    out.Add(R"({{"ph":"M","name":"process_name","pid":{},"args":{{"name":)", r);
+    Quote(buf, fmt::format("rank {} [dp {} pp {}; {} GPUs from GPU {}]", r, ri.dp, ri.pp, ri.gpus,
+                           ri.first_gpu));
+    out.Add("}}}}");
+    out.Event();
+    out.Add(R"({{"ph":"M","name":"process_sort_index","pid":{},"args":{{"sort_index":{}}}}})", r,
+            r);
     // Lanes: an op goes to the first lane of its track that is free at its start (in whole
     // nanoseconds), a new lane when none is: ops of one lane never overlap or nest.
     std::vector<int64_t> lane_end[kNumTracks];
@@ -98,31 +140,43 @@ std::string ChromeTrace(const Table& t, const Timeline& tl,
             lane ? fmt::format("{} #{}", kTrackNames[tr], lane + 1) : kTrackNames[tr];
         const int64_t tid =
             r * kTidsPerRank + tr * int64_t{kLanesPerTrack} + static_cast<int64_t>(lane);
-        emit(fmt::format(
-            R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":{}}}}})", r, tid,
-            Quote(name)));
-        emit(fmt::format(
+        out.Event();
+        out.Add(R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":)", r, tid);
+        Quote(buf, name);
+        out.Add("}}}}");
+        out.Event();
+        out.Add(
             R"({{"ph":"M","name":"thread_sort_index","pid":{},"tid":{},"args":{{"sort_index":{}}}}})",
-            r, tid, tr * kLanesPerTrack + static_cast<int>(lane)));
+            r, tid, tr * kLanesPerTrack + static_cast<int>(lane));
       }
+    RETURN_IF_ERROR(out.Flush());
   }
   for (OpId i = 0; i < t.size(); ++i) {
     if (!ran(i)) continue;  // negative start: never ran
     const Work& w = t.work(i);
-    std::string args = fmt::format(R"("module":{},"kind":{})", Quote(ModuleName(t.module(i))),
-                                   Quote(KindName(t.kind(i))));
-    if (t.mb(i) >= 0) args += fmt::format(R"(,"microbatch":{})", t.mb(i));
-    if (t.chunk(i) >= 0) args += fmt::format(R"(,"chunk":{})", t.chunk(i));
-    if (t.task(i) >= 0) args += fmt::format(R"(,"task":{})", t.task(i));
-    if (w.flops > 0) args += fmt::format(R"(,"flops":{:.6g})", w.flops);
-    if (w.hbm_bytes > 0) args += fmt::format(R"(,"hbm_bytes":{:.6g})", w.hbm_bytes);
-    if (w.payload_bytes > 0) args += fmt::format(R"(,"payload_bytes":{:.6g})", w.payload_bytes);
-    if (o.predicted_s) args += fmt::format(R"(,"predicted_us":{:.6g})", (*o.predicted_s)[i] * 1e6);
     const int64_t start = Ns(tl.start[i]), end = std::max(start, Ns(tl.end[i]));
-    emit(fmt::format(
-        R"({{"ph":"X","name":{},"cat":{},"pid":{},"tid":{},"ts":{},"dur":{},"args":{{{}}}}})",
-        Quote(t.str(i)), Quote(ModuleName(t.module(i))), t.rank(i), tid_of[i], Us(start),
-        Us(end - start), args));
+    out.Event();
+    out.Add(R"({{"ph":"X","name":)");
+    Quote(buf, t.str(i));
+    out.Add(R"(,"cat":)");
+    Quote(buf, ModuleName(t.module(i)));
+    out.Add(R"(,"pid":{},"tid":{},"ts":)", t.rank(i), tid_of[i]);
+    Us(buf, start);
+    out.Add(R"(,"dur":)");
+    Us(buf, end - start);
+    out.Add(R"(,"args":{{"module":)");
+    Quote(buf, ModuleName(t.module(i)));
+    out.Add(R"(,"kind":)");
+    Quote(buf, KindName(t.kind(i)));
+    if (t.mb(i) >= 0) out.Add(R"(,"microbatch":{})", t.mb(i));
+    if (t.chunk(i) >= 0) out.Add(R"(,"chunk":{})", t.chunk(i));
+    if (t.task(i) >= 0) out.Add(R"(,"task":{})", t.task(i));
+    if (w.flops > 0) out.Add(R"(,"flops":{:.6g})", w.flops);
+    if (w.hbm_bytes > 0) out.Add(R"(,"hbm_bytes":{:.6g})", w.hbm_bytes);
+    if (w.payload_bytes > 0) out.Add(R"(,"payload_bytes":{:.6g})", w.payload_bytes);
+    if (o.predicted_s) out.Add(R"(,"predicted_us":{:.6g})", (*o.predicted_s)[i] * 1e6);
+    out.Add("}}}}");
+    RETURN_IF_ERROR(out.Flush());
   }
   // Flow arrows SEND -> RECV after every slice: each binds to the slice it starts or ends
   // in, which the importer must have read first.
@@ -130,20 +184,34 @@ std::string ChromeTrace(const Table& t, const Timeline& tl,
     if (!IsRecv(t.kind(i)) || !ran(i)) continue;
     const OpId s = t.send_of(i);
     if (s == UINT32_MAX || !ran(s)) continue;
-    emit(fmt::format(R"({{"ph":"s","name":"p2p","cat":"p2p","id":{},"pid":{},"tid":{},"ts":{}}})",
-                     t.tag(i), t.rank(s), tid_of[s], Us(Ns(tl.start[s]))));
-    emit(fmt::format(
-        R"({{"ph":"f","bp":"e","name":"p2p","cat":"p2p","id":{},"pid":{},"tid":{},"ts":{}}})",
-        t.tag(i), t.rank(i), tid_of[i], Us(Ns(tl.start[i]))));
+    out.Event();
+    out.Add(R"({{"ph":"s","name":"p2p","cat":"p2p","id":{},"pid":{},"tid":{},"ts":)", t.tag(i),
+            t.rank(s), tid_of[s]);
+    Us(buf, Ns(tl.start[s]));
+    out.Add("}}");
+    out.Event();
+    out.Add(R"({{"ph":"f","bp":"e","name":"p2p","cat":"p2p","id":{},"pid":{},"tid":{},"ts":)",
+            t.tag(i), t.rank(i), tid_of[i]);
+    Us(buf, Ns(tl.start[i]));
+    out.Add("}}");
+    RETURN_IF_ERROR(out.Flush());
   }
   for (const CounterTrack& c : counters) {
     if (c.rank < 0 || c.rank >= t.num_ranks() || !include[c.rank]) continue;
     for (size_t s = 0; s < c.times_s.size(); ++s) {
-      std::string args;
-      for (size_t k = 0; k < c.keys.size(); ++k)
-        args += fmt::format(R"({}{}:{:.6g})", k ? "," : "", Quote(c.keys[k]), c.samples[s][k]);
-      emit(fmt::format(R"({{"ph":"C","name":{},"pid":{},"ts":{},"args":{{{}}}}})", Quote(c.name),
-                       c.rank, Us(Ns(c.times_s[s])), args));
+      out.Event();
+      out.Add(R"({{"ph":"C","name":)");
+      Quote(buf, c.name);
+      out.Add(R"(,"pid":{},"ts":)", c.rank);
+      Us(buf, Ns(c.times_s[s]));
+      out.Add(R"(,"args":{{)");
+      for (size_t k = 0; k < c.keys.size(); ++k) {
+        if (k) buf.push_back(',');
+        Quote(buf, c.keys[k]);
+        out.Add(":{:.6g}", c.samples[s][k]);
+      }
+      out.Add("}}}}");
+      RETURN_IF_ERROR(out.Flush());
     }
   }
   nlohmann::json other = {{"tool", "pipeplan"},
@@ -152,8 +220,33 @@ std::string ChromeTrace(const Table& t, const Timeline& tl,
                           {"schedule", t.meta().schedule},
                           {"modality", t.meta().modality},
                           {"config", t.meta().config_yaml}};
-  out += "\n],\"otherData\":" + other.dump() + "}\n";
-  return out;
+  out.Add("\n],\"otherData\":{}}}\n", other.dump());
+  return out.Flush(true);
+}
+
+std::string ChromeTrace(const Table& t, const Timeline& tl,
+                        const std::vector<CounterTrack>& counters, const TraceOptions& o) {
+  std::string text;
+  const std::function<Status(std::string_view)> sink = [&](std::string_view piece) {
+    text.append(piece);
+    return Status::Ok();
+  };
+  (void)StreamChromeTrace(t, tl, counters, o, sink);  // this sink never fails
+  return text;
+}
+
+StatusOr<size_t> WriteChromeTrace(const std::string& path, const Table& t, const Timeline& tl,
+                                  const std::vector<CounterTrack>& counters,
+                                  const TraceOptions& o) {
+  OutputFile f;
+  const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
+  RETURN_IF_ERROR(f.Open(path, gz));
+  const std::function<Status(std::string_view)> sink = [&](std::string_view piece) {
+    return f.Write(piece);
+  };
+  RETURN_IF_ERROR(StreamChromeTrace(t, tl, counters, o, sink));
+  RETURN_IF_ERROR(f.Commit());
+  return f.bytes_written();
 }
 
 }  // namespace pipeplan

@@ -8,9 +8,12 @@
 // out (partial traces of failed runs).
 #pragma once
 
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "core/status.h"
 #include "core/table.h"
 #include "core/timeline.h"
 
@@ -32,7 +35,18 @@ struct TraceOptions {
   const std::vector<double>* predicted_s = nullptr;  // per-op predicted durations (args)
 };
 
+// The trace, handed to `sink` in pieces (about 1 MiB each): nothing but the op-to-lane
+// map (8 bytes per op) and one piece are held in memory. Stops at the sink's first error.
+Status StreamChromeTrace(const Table& t, const Timeline& tl,
+                         const std::vector<CounterTrack>& counters, const TraceOptions& o,
+                         const std::function<Status(std::string_view)>& sink);
+// The whole trace as one string (tests; small plans).
 std::string ChromeTrace(const Table& t, const Timeline& tl,
                         const std::vector<CounterTrack>& counters, const TraceOptions& o);
+// Streams the trace to `path` (atomically; gzipped when the name ends in .gz); returns the
+// uncompressed bytes written.
+StatusOr<size_t> WriteChromeTrace(const std::string& path, const Table& t, const Timeline& tl,
+                                  const std::vector<CounterTrack>& counters,
+                                  const TraceOptions& o);
 
 }  // namespace pipeplan

@@ -77,18 +77,45 @@ void RemoveTmpAndDie(int sig) {
   raise(sig);
 }
 
-Status WriteAll(FILE* f, const std::string& path, const std::string& contents, bool close) {
-  bool ok = std::fwrite(contents.data(), 1, contents.size(), f) == contents.size();
-  ok = (close ? std::fclose(f) == 0 : std::fflush(f) == 0) && ok;
-  if (!ok) return Internal(fmt::format("{}: write failed: {}", path, std::strerror(errno)));
-  return Status::Ok();
-}
-
 }  // namespace
 
 Status WriteFileAtomic(const std::string& path, const std::string& contents) {
-  if (path == "-") return WriteAll(stdout, path, contents, false);
-  std::string target = path;
+  OutputFile f;
+  RETURN_IF_ERROR(f.Open(path));
+  RETURN_IF_ERROR(f.Write(contents));
+  return f.Commit();
+}
+
+OutputFile::~OutputFile() {
+  if (z_ != nullptr) {
+    deflateEnd(static_cast<z_stream*>(z_));
+    delete static_cast<z_stream*>(z_);
+  }
+  if (f_ != nullptr && !direct_) {
+    std::fclose(f_);
+    std::remove(tmp_.c_str());
+    g_tmp_live = 0;
+  }
+}
+
+Status OutputFile::Fail(const char* what) {
+  failed_ = true;
+  return Internal(fmt::format("{}: {}: {}", path_, what, std::strerror(errno)));
+}
+
+Status OutputFile::Open(const std::string& path, bool gzip) {
+  path_ = target_ = path;
+  if (gzip) {
+    auto* z = new z_stream{};
+    z_ = z;
+    // windowBits 15 + 16: a gzip header and trailer around the deflate stream.
+    if (deflateInit2(z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+      return Internal("zlib: deflateInit2 failed");
+  }
+  if (path == "-") {
+    f_ = stdout, direct_ = true;
+    return Status::Ok();
+  }
   struct stat st;
   if (lstat(path.c_str(), &st) == 0) {
     if (S_ISLNK(st.st_mode)) {  // replace what the link points to (even missing), keep it
@@ -97,37 +124,84 @@ Status WriteFileAtomic(const std::string& path, const std::string& contents) {
       if (n > 0) {
         link[n] = 0;
         const size_t slash = path.rfind('/');
-        target = link[0] == '/' || slash == std::string::npos ? std::string(link)
-                                                              : path.substr(0, slash + 1) + link;
+        target_ = link[0] == '/' || slash == std::string::npos ? std::string(link)
+                                                               : path.substr(0, slash + 1) + link;
       }
-      if (stat(target.c_str(), &st) != 0) st.st_mode = S_IFREG;
+      if (stat(target_.c_str(), &st) != 0) st.st_mode = S_IFREG;
     }
     if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {  // a device, FIFO or socket: write to it
-      FILE* f = std::fopen(target.c_str(), "wb");
-      if (f == nullptr)
-        return Internal(fmt::format("{}: cannot write: {}", path, std::strerror(errno)));
-      return WriteAll(f, path, contents, true);
+      f_ = std::fopen(target_.c_str(), "wb");
+      if (f_ == nullptr) return Fail("cannot write");
+      direct_ = true;
+      return Status::Ok();
     }
   }
-  std::string tmp = fmt::format("{}.tmp.{}", target, static_cast<long>(getpid()));
-  if (tmp.size() < sizeof(g_tmp)) {
+  tmp_ = fmt::format("{}.tmp.{}", target_, static_cast<long>(getpid()));
+  if (tmp_.size() < sizeof(g_tmp)) {
     static bool installed = false;
     if (!installed) {
       signal(SIGINT, RemoveTmpAndDie), signal(SIGTERM, RemoveTmpAndDie);
       installed = true;
     }
-    std::memcpy(g_tmp, tmp.c_str(), tmp.size() + 1);
+    std::memcpy(g_tmp, tmp_.c_str(), tmp_.size() + 1);
     g_tmp_live = 1;
   }
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) {
+  f_ = std::fopen(tmp_.c_str(), "wb");
+  if (f_ == nullptr) {
     g_tmp_live = 0;
-    return Internal(fmt::format("{}: cannot write: {}", path, std::strerror(errno)));
+    return Fail("cannot write");
   }
-  Status s = WriteAll(f, path, contents, true);
-  if (s.ok() && std::rename(tmp.c_str(), target.c_str()) != 0)
-    s = Internal(fmt::format("{}: write failed: {}", path, std::strerror(errno)));
-  if (!s.ok()) std::remove(tmp.c_str());
+  return Status::Ok();
+}
+
+Status OutputFile::Put(const void* data, size_t n) {
+  if (n > 0 && std::fwrite(data, 1, n, f_) != n) return Fail("write failed");
+  return Status::Ok();
+}
+
+Status OutputFile::Write(std::string_view data) {
+  if (f_ == nullptr || failed_) return Internal(fmt::format("{}: not open for writing", path_));
+  bytes_ += data.size();
+  if (z_ == nullptr) return Put(data.data(), data.size());
+  auto* z = static_cast<z_stream*>(z_);
+  unsigned char out[1 << 16];
+  while (!data.empty()) {
+    const size_t n = std::min<size_t>(data.size(), 1u << 30);
+    z->next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+    z->avail_in = static_cast<uInt>(n);
+    do {
+      z->next_out = out, z->avail_out = sizeof(out);
+      if (deflate(z, Z_NO_FLUSH) == Z_STREAM_ERROR) return Internal("zlib: deflate failed");
+      RETURN_IF_ERROR(Put(out, sizeof(out) - z->avail_out));
+    } while (z->avail_out == 0);
+    data.remove_prefix(n);
+  }
+  return Status::Ok();
+}
+
+Status OutputFile::Commit() {
+  if (f_ == nullptr || failed_) return Internal(fmt::format("{}: not open for writing", path_));
+  if (z_ != nullptr) {
+    auto* z = static_cast<z_stream*>(z_);
+    unsigned char out[1 << 16];
+    int rc = Z_OK;
+    z->avail_in = 0;
+    while (rc != Z_STREAM_END) {
+      z->next_out = out, z->avail_out = sizeof(out);
+      rc = deflate(z, Z_FINISH);
+      if (rc == Z_STREAM_ERROR) return Internal("zlib: deflate did not finish");
+      RETURN_IF_ERROR(Put(out, sizeof(out) - z->avail_out));
+    }
+  }
+  FILE* f = f_;
+  f_ = nullptr;
+  if (direct_) {
+    if ((f == stdout ? std::fflush(f) : std::fclose(f)) != 0) return Fail("write failed");
+    return Status::Ok();
+  }
+  Status s = std::fclose(f) == 0 ? Status::Ok() : Fail("write failed");
+  if (s.ok() && std::rename(tmp_.c_str(), target_.c_str()) != 0) s = Fail("write failed");
+  if (!s.ok()) std::remove(tmp_.c_str());
   g_tmp_live = 0;
   return s;
 }

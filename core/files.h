@@ -17,6 +17,32 @@ StatusOr<std::string> ReadFile(const std::string& path);
 inline constexpr int kMaxJsonDepth = 64;
 Status CheckJsonDepth(std::string_view text, int max_depth = kMaxJsonDepth);
 Status WriteFileAtomic(const std::string& path, const std::string& contents);
+
+// A file written in pieces (streamed: what is written is not held in memory), with the
+// same atomic replacement as WriteFileAtomic; gzip-compressed on the way when `gzip`.
+// Nothing replaces the target until Commit succeeds; a destroyed uncommitted file is
+// removed.
+class OutputFile {
+ public:
+  OutputFile() = default;
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+  ~OutputFile();
+  Status Open(const std::string& path, bool gzip = false);
+  Status Write(std::string_view data);
+  Status Commit();
+  size_t bytes_written() const { return bytes_; }  // before compression
+
+ private:
+  Status Fail(const char* what);
+  Status Put(const void* data, size_t n);
+  std::string path_, target_, tmp_;
+  FILE* f_ = nullptr;
+  bool direct_ = false;  // stdout, a device, FIFO or socket: written as is
+  bool failed_ = false;
+  void* z_ = nullptr;  // z_stream while gzipping
+  size_t bytes_ = 0;
+};
 // gzip (RFC 1952) of `data`, as gzip -6 writes it.
 StatusOr<std::string> Gzip(std::string_view data);
 
