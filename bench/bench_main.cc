@@ -4,6 +4,7 @@
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -72,36 +73,50 @@ size_t RssBytes() { return StatusKiB("VmRSS:") * 1024; }
 size_t PeakRssBytes() { return StatusKiB("VmHWM:") * 1024; }
 void ResetPeakRss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
-// Peak RSS above the resident set before `f` ran, per op.
+// Peak RSS above the resident set before `f` ran, per op. Freed memory is handed back to
+// the system first, so that what `f` allocates shows in the resident set.
 template <typename F>
 double MeasuredBytesPerOp(size_t ops, F&& f) {
+  malloc_trim(0);
   const size_t before = RssBytes();
   ResetPeakRss();
   f();
   return static_cast<double>(PeakRssBytes() - std::min(before, PeakRssBytes())) / ops;
 }
 
-// Runs a command; returns its wall seconds and peak RSS (bytes).
+// Runs a command; returns its wall seconds and peak RSS (bytes). A child inherits the
+// peak RSS of the process it was spawned from, so the command is started by a fresh,
+// small copy of this program (`--run-measured`, see main) that reports both numbers.
 std::pair<double, double> RunProcess(const std::vector<std::string>& argv) {
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (len <= 0) throw std::runtime_error("cannot find this program");
+  std::string cmd = std::string(self, len) + " --run-measured";
+  for (const std::string& a : argv) cmd += " '" + a + "'";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) throw std::runtime_error("cannot start " + argv[0]);
+  double s = 0, rss = 0;
+  const int n = std::fscanf(p, "%lf %lf", &s, &rss);
+  if (pclose(p) != 0 || n != 2) throw std::runtime_error(argv[0] + " " + argv[1] + " failed");
+  return {s, rss};
+}
+
+// The measuring side of RunProcess: runs argv, prints "seconds peak_rss_bytes"; exit 1 when
+// the command fails.
+int RunMeasured(char** argv) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
   const auto t0 = std::chrono::steady_clock::now();
   pid_t pid = 0;
-  if (posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ) != 0)
-    throw std::runtime_error("cannot start " + argv[0]);
-  posix_spawn_file_actions_destroy(&fa);
+  if (posix_spawn(&pid, argv[0], &fa, nullptr, argv, environ) != 0) return 1;
   int status = 0;
   rusage ru{};
   wait4(pid, &status, 0, &ru);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    throw std::runtime_error(argv[0] + " " + argv[1] + " failed");
-  return {s, ru.ru_maxrss * 1024.0};
+  std::printf("%.9f %.0f\n", s, ru.ru_maxrss * 1024.0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
 
 void SetOpsRate(benchmark::State& state, size_t ops) {
@@ -410,4 +425,11 @@ BENCHMARK(BM_BarePass)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  if (argc > 2 && std::string_view(argv[1]) == "--run-measured") return RunMeasured(argv + 2);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
