@@ -12,28 +12,29 @@ namespace pipeplan {
 namespace {
 
 enum State : uint8_t { kIdle = 0, kPosted = 1, kDone = 2 };
+constexpr uint32_t kNone = UINT32_MAX;
 
 class Engine {
  public:
-  Engine(const Table& t, const std::vector<double>& dur) : t_(t), dur_(dur) {}
+  Engine(const Table& t, const std::vector<double>& dur, const EngineIndex& index, Timeline reuse)
+      : t_(t), dur_(dur), ix_(index), tl_(std::move(reuse)) {}
 
   StatusOr<Timeline> Run() {
     const size_t n = t_.size();
     const int32_t R = t_.num_ranks();
-    tl_.start.assign(n, 0.0);
-    tl_.end.assign(n, 0.0);
+    // Every op's start and end are written before it counts as done (a deadlock discards
+    // the timeline), so reused buffers need no clearing.
+    tl_.start.resize(n);
+    tl_.end.resize(n);
     state_.assign(n, kIdle);
-    partner_.assign(n, UINT32_MAX);
-    for (OpId i = 0; i < n; ++i) {
-      if (!IsRecv(t_.kind(i))) continue;
-      const OpId s = t_.send_of(i);
-      if (s == UINT32_MAX) return InvalidPlan(fmt::format("{}: has no matching SEND", t_.str(i)));
-      partner_[s] = i, partner_[i] = s;
-    }
-    RETURN_IF_ERROR(IndexCollectives());
+    const size_t C = ix_.inst_begin.size() - 1;
+    posted_.assign(C, 0);
+    ready_.assign(C, 0.0);
     cursor_.resize(R);
     stream_end_.assign(R, {0.0, 0.0});
     queued_.assign(R, 1);
+    blocked_.assign(2 * static_cast<size_t>(R), kNone);
+    waiters_.assign(R, {});
     for (int32_t r = 0; r < R; ++r) {
       cursor_[r] = {t_.rank_begin(r), t_.rank_begin(r)};
       queue_.push_back(r);
@@ -49,34 +50,20 @@ class Engine {
   }
 
  private:
-  Status IndexCollectives() {
-    std::unordered_map<uint64_t, uint32_t> index;
-    for (OpId i = 0; i < t_.size(); ++i) {
-      if (!t_.grouped(i)) continue;
-      uint64_t key = static_cast<uint64_t>(t_.peer(i)) << 32 | t_.tag(i);
-      auto [it, inserted] = index.emplace(key, static_cast<uint32_t>(coll_.size()));
-      if (inserted)
-        coll_.push_back({static_cast<uint32_t>(t_.group(t_.peer(i)).size()), 0, 0.0, {}});
-      coll_[it->second].members.push_back(i);
-      coll_of_[i] = it->second;
-    }
-    for (auto& c : coll_)
-      if (c.members.size() != c.size)
-        return InvalidPlan(fmt::format("{}: {} of the group's {} ranks take part",
-                                       t_.str(c.members[0]), c.members.size(), c.size));
-    return Status::Ok();
-  }
-
   void Enqueue(int32_t r) {
     if (!queued_[r]) queued_[r] = 1, queue_.push_back(r);
   }
 
-  // Latest end of i's dependencies, or -1 if one has not ended.
-  double DepsEnd(OpId i) {
+  // Latest end of i's dependencies, or -1 if one has not ended (a stream waiting on another
+  // rank's op is woken when that rank next advances and the op has ended).
+  double DepsEnd(OpId i, int stream) {
     double e = 0;
     for (OpId d : t_.deps(i)) {
       if (state_[d] != kDone) {
-        if (t_.rank(d) != t_.rank(i)) waiters_[d].push_back(t_.rank(i));
+        const int32_t r = t_.rank(i), q = t_.rank(d);
+        OpId& blocked = blocked_[2 * r + stream];
+        if (q != r && blocked != d) waiters_[q].push_back({r, d});
+        blocked = d;
         return -1;
       }
       e = std::max(e, tl_.end[d]);
@@ -89,18 +76,23 @@ class Engine {
     tl_.end[i] = start + duration;
     state_[i] = kDone;
     ++done_;
-    if (!waiters_.empty()) {
-      auto it = waiters_.find(i);
-      if (it != waiters_.end()) {
-        for (int32_t r : it->second) Enqueue(r);
-        waiters_.erase(it);
-      }
-    }
   }
 
+  // Every op of rank r that ends is followed by a call of Advance(r) (here, or through the
+  // queue): ranks waiting on one of its ops are woken at its end.
   void Advance(int32_t r) {
     bool progress = true;
     while (progress) progress = AdvanceCompute(r) | AdvanceCollective(r);
+    auto& w = waiters_[r];
+    for (size_t k = 0; k < w.size();) {
+      if (state_[w[k].second] == kDone) {
+        Enqueue(w[k].first);
+        w[k] = w.back();
+        w.pop_back();
+      } else {
+        ++k;
+      }
+    }
   }
 
   bool AdvanceCompute(int32_t r) {
@@ -124,9 +116,9 @@ class Engine {
         continue;
       }
       if (state_[i] == kIdle) {
-        double deps = DepsEnd(i);
+        double deps = DepsEnd(i, 0);
         if (deps < 0) return progress;
-        if (t_.grouped(i))
+        if (ix_.instance[i] != kNone)
           Post(i, std::max(stream_end, deps), r);  // a gang: all members at once
         else
           Finish(i, std::max(stream_end, deps), dur_[i]);
@@ -142,13 +134,15 @@ class Engine {
   void Post(OpId i, double at, int32_t r) {
     state_[i] = kPosted;
     tl_.start[i] = at;
-    Coll& c = coll_[coll_of_[i]];
-    c.ready = std::max(c.ready, at);
-    if (++c.posted < c.size) return;
+    const uint32_t c = ix_.instance[i];
+    ready_[c] = std::max(ready_[c], at);
+    const uint32_t b = ix_.inst_begin[c], e = ix_.inst_begin[c + 1];
+    if (++posted_[c] < e - b) return;
     double d = 0;
-    for (OpId m : c.members) d = std::max(d, dur_[m]);
-    for (OpId m : c.members) {
-      Finish(m, c.ready, d);
+    for (uint32_t k = b; k < e; ++k) d = std::max(d, dur_[ix_.inst_members[k]]);
+    for (uint32_t k = b; k < e; ++k) {
+      const OpId m = ix_.inst_members[k];
+      Finish(m, ready_[c], d);
       if (t_.rank(m) != r) Enqueue(t_.rank(m));
     }
   }
@@ -161,8 +155,8 @@ class Engine {
       if (state_[j] != kIdle) continue;
       state_[j] = kPosted;
       tl_.start[j] = at;  // post time until matched
-      OpId partner = partner_[j];
-      if (partner == UINT32_MAX || state_[partner] != kPosted) continue;
+      OpId partner = ix_.partner[j];
+      if (partner == kNone || state_[partner] != kPosted) continue;
       double start = std::max(at, tl_.start[partner]);
       double d = std::max(dur_[j], dur_[partner]);
       Finish(j, start, d);
@@ -180,7 +174,7 @@ class Engine {
       while (i < end && !IsCollective(t_.kind(i))) ++i;
       if (i >= end) return progress;
       if (state_[i] == kIdle) {
-        double deps = DepsEnd(i);
+        double deps = DepsEnd(i, 1);
         if (deps < 0) return progress;
         Post(i, std::max(stream_end, deps), r);
       }
@@ -217,33 +211,74 @@ class Engine {
     return InvalidPlan(msg);
   }
 
-  struct Coll {
-    uint32_t size;
-    uint32_t posted;
-    double ready;
-    std::vector<OpId> members;
-  };
-
   const Table& t_;
   const std::vector<double>& dur_;
+  const EngineIndex& ix_;
   Timeline tl_;
   std::vector<uint8_t> state_;
-  std::vector<OpId> partner_;  // SEND <-> RECV
+  std::vector<uint32_t> posted_;  // per instance: members posted
+  std::vector<double> ready_;     // per instance: latest post time
   std::vector<std::array<OpId, 2>> cursor_;
   std::vector<std::array<double, 2>> stream_end_;
   std::vector<uint8_t> queued_;
   std::vector<int32_t> queue_;
-  std::vector<Coll> coll_;
-  std::unordered_map<OpId, uint32_t> coll_of_;
-  std::unordered_map<OpId, std::vector<int32_t>> waiters_;
+  std::vector<OpId> blocked_;  // per rank and stream: the dependency it last waited on
+  // Per rank: (rank, op of this rank it waits on).
+  std::vector<std::vector<std::pair<int32_t, OpId>>> waiters_;
   size_t done_ = 0;
 };
 
 }  // namespace
 
+StatusOr<EngineIndex> IndexForEngine(const Table& t) {
+  const size_t n = t.size();
+  EngineIndex ix;
+  ix.partner.assign(n, kNone);
+  ix.instance.assign(n, kNone);
+  for (OpId i = 0; i < n; ++i) {
+    if (!IsRecv(t.kind(i))) continue;
+    const OpId s = t.send_of(i);
+    if (s == kNone) return InvalidPlan(fmt::format("{}: has no matching SEND", t.str(i)));
+    ix.partner[s] = i, ix.partner[i] = s;
+  }
+  // Instances by (group, tag), numbered in order of their first op; members in op order.
+  std::unordered_map<uint64_t, uint32_t> index;
+  std::vector<uint32_t> count;
+  for (OpId i = 0; i < n; ++i) {
+    if (!t.grouped(i)) continue;
+    const uint64_t key = static_cast<uint64_t>(t.peer(i)) << 32 | t.tag(i);
+    auto [it, inserted] = index.emplace(key, static_cast<uint32_t>(count.size()));
+    if (inserted) count.push_back(0);
+    ++count[it->second];
+    ix.instance[i] = it->second;
+  }
+  ix.inst_begin.assign(count.size() + 1, 0);
+  for (size_t c = 0; c < count.size(); ++c) ix.inst_begin[c + 1] = ix.inst_begin[c] + count[c];
+  ix.inst_members.resize(ix.inst_begin.back());
+  std::vector<uint32_t> fill(ix.inst_begin.begin(), ix.inst_begin.end() - 1);
+  for (OpId i = 0; i < n; ++i)
+    if (ix.instance[i] != kNone) ix.inst_members[fill[ix.instance[i]]++] = i;
+  for (size_t c = 0; c < count.size(); ++c) {
+    const OpId first = ix.inst_members[ix.inst_begin[c]];
+    const size_t size = t.group(t.peer(first)).size();
+    if (count[c] != size)
+      return InvalidPlan(fmt::format("{}: {} of the group's {} ranks take part", t.str(first),
+                                     count[c], size));
+  }
+  return ix;
+}
+
+StatusOr<Timeline> Simulate(const Table& t, const std::vector<double>& durations,
+                            const EngineIndex& index, Timeline reuse) {
+  if (durations.size() != t.size() || index.partner.size() != t.size())
+    return Internal("durations or index do not match the table");
+  return Engine(t, durations, index, std::move(reuse)).Run();
+}
+
 StatusOr<Timeline> Simulate(const Table& t, const std::vector<double>& durations) {
   if (durations.size() != t.size()) return Internal("durations do not match the table");
-  return Engine(t, durations).Run();
+  ASSIGN_OR_RETURN(EngineIndex index, IndexForEngine(t));
+  return Simulate(t, durations, index);
 }
 
 std::vector<OpId> CriticalPath(const Table& t, const Timeline& tl) {

@@ -24,8 +24,24 @@
 
 namespace pipeplan {
 
+// The links the engine follows besides stream order and dependencies, computed once per
+// table and shared by every pass over it: each SEND's RECV and back, each collective or
+// gang op's instance (its members, in op order).
+struct EngineIndex {
+  std::vector<OpId> partner;         // SEND <-> RECV; UINT32_MAX for other ops
+  std::vector<uint32_t> instance;    // grouped op -> instance; UINT32_MAX for other ops
+  std::vector<uint32_t> inst_begin;  // CSR over instances: members [begin[c], begin[c + 1])
+  std::vector<OpId> inst_members;
+};
+// Fails (InvalidPlan) on a RECV without its SEND or an instance missing group members.
+StatusOr<EngineIndex> IndexForEngine(const Table& t);
+
 // durations: seconds per op (CostModel::Durations, or zeros for a progress check).
 StatusOr<Timeline> Simulate(const Table& t, const std::vector<double>& durations);
+// The same with the table's index built once; `reuse`'s buffers (a previous pass's
+// timeline) hold the result.
+StatusOr<Timeline> Simulate(const Table& t, const std::vector<double>& durations,
+                            const EngineIndex& index, Timeline reuse = {});
 
 // Critical path: from the op that ends last, back through the constraint that set each
 // start. Returns op ids in time order.

@@ -33,8 +33,9 @@ std::array<double, 3> MinMeanMax(const std::vector<double>& v) {
 
 // Exposed seconds and hidden fraction of one module (see Metrics); {-1, -1} if the plan
 // has none of it.
-StatusOr<std::pair<double, double>> Exposure(const Table& t, const std::vector<double>& dur,
-                                             double step, Module module) {
+StatusOr<std::pair<double, double>> Exposure(const Table& t, const EngineIndex& index,
+                                             const std::vector<double>& dur, double step,
+                                             Module module, Timeline* scratch) {
   std::vector<double> without = dur;
   double busy = 0;
   bool any = false;
@@ -45,8 +46,8 @@ StatusOr<std::pair<double, double>> Exposure(const Table& t, const std::vector<d
     without[i] = 0;
   }
   if (!any) return std::pair{-1.0, -1.0};
-  ASSIGN_OR_RETURN(Timeline tl, Simulate(t, without));
-  const double exposed = std::max(0.0, step - tl.Makespan());
+  ASSIGN_OR_RETURN(*scratch, Simulate(t, without, index, std::move(*scratch)));
+  const double exposed = std::max(0.0, step - scratch->Makespan());
   const double mean = busy / std::max(1, t.num_ranks());
   return std::pair{exposed, mean > 0 ? std::clamp(1 - exposed / mean, 0.0, 1.0) : 1.0};
 }
@@ -65,20 +66,24 @@ void VisionLoad(const Table& t, const std::vector<double>& dur, Metrics* m) {
 
 StatusOr<SimResult> RunSimulation(const Table& t, const SimOptions& o) {
   SimResult r;
+  ASSIGN_OR_RETURN(const EngineIndex index, IndexForEngine(t));
   const std::vector<double> base = o.cost.Durations(t);
   r.durations = base;
-  ASSIGN_OR_RETURN(r.timeline, Simulate(t, r.durations));
+  ASSIGN_OR_RETURN(r.timeline, Simulate(t, r.durations, index));
   for (int pass = 0; pass < kContentionPasses; ++pass) {  // link contention (contention.h)
     std::vector<double> next = ContendedDurations(t, r.timeline, base, o.cost);
     if (next == r.durations) break;
     r.durations = std::move(next);
-    ASSIGN_OR_RETURN(r.timeline, Simulate(t, r.durations));
+    ASSIGN_OR_RETURN(r.timeline, Simulate(t, r.durations, index, std::move(r.timeline)));
   }
   r.memory = ComputeMemory(t, r.timeline, o.memory, o.memory_curves);
   r.metrics = ComputeMetrics(t, r.timeline, r.durations, r.memory, o.cost, o.memory.hbm_bytes);
-  ASSIGN_OR_RETURN(auto vision, Exposure(t, r.durations, r.metrics.step_time_s, Module::kVision));
+  Timeline scratch;  // buffers of the passes without a module
+  ASSIGN_OR_RETURN(auto vision, Exposure(t, index, r.durations, r.metrics.step_time_s,
+                                         Module::kVision, &scratch));
   std::tie(r.metrics.vision_exposed_s, r.metrics.vision_hidden_fraction) = vision;
-  ASSIGN_OR_RETURN(auto gen, Exposure(t, r.durations, r.metrics.step_time_s, Module::kGenerator));
+  ASSIGN_OR_RETURN(auto gen, Exposure(t, index, r.durations, r.metrics.step_time_s,
+                                      Module::kGenerator, &scratch));
   std::tie(r.metrics.generator_exposed_s, r.metrics.generator_hidden_fraction) = gen;
   VisionLoad(t, r.durations, &r.metrics);
   return r;
