@@ -263,6 +263,15 @@ void BM_PlanK3(benchmark::State& state) {
 }
 BENCHMARK(BM_PlanK3)->Unit(benchmark::kMillisecond)->MinTime(2);
 
+// Validation alone, on the K3-scale plan.
+void BM_ValidateK3(benchmark::State& state) {
+  const Table t = MustPlan(K3Config());
+  for (auto _ : state)
+    if (!ValidatePlan(t).ok()) return state.SkipWithError("validation failed");
+  SetOpsRate(state, t.size());
+}
+BENCHMARK(BM_ValidateK3)->Unit(benchmark::kMillisecond)->MinTime(2);
+
 // The engine's time per op as the K3-scale plan grows (nodes x1/2 to x16): the slope of
 // log(time) over log(ops) by least squares (1 = linear).
 void BM_EngineScalingK3(benchmark::State& state) {

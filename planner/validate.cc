@@ -5,9 +5,9 @@
 #include <boost/graph/adjacency_list.hpp>
 #include <boost/graph/depth_first_search.hpp>
 #include <array>
-#include <map>
+#include <bit>
+#include <algorithm>
 #include <tuple>
-#include <unordered_map>
 
 #include "simulator/engine.h"
 
@@ -136,11 +136,19 @@ Status CheckPairs(const Table& t) {
     if (IsSend(t.kind(i)) && !matched[i])
       return InvalidPlan(fmt::format("{}: no matching RECV", t.str(i)));
 
-  std::map<std::pair<int32_t, uint32_t>, std::vector<OpId>> instances;
+  // Collective instances by (group, tag), in that order; members in op order.
+  std::vector<std::tuple<int32_t, uint32_t, OpId>> grouped;
   for (OpId i = 0; i < t.size(); ++i)
-    if (t.grouped(i)) instances[{t.peer(i), t.tag(i)}].push_back(i);
-  for (auto& [key, ops] : instances) {
-    auto group = t.group(key.first);
+    if (t.grouped(i)) grouped.emplace_back(t.peer(i), t.tag(i), i);
+  std::sort(grouped.begin(), grouped.end());
+  std::vector<OpId> ops;
+  for (size_t a = 0, b = 0; a < grouped.size(); a = b) {
+    ops.clear();
+    for (b = a; b < grouped.size() && std::get<0>(grouped[b]) == std::get<0>(grouped[a]) &&
+                std::get<1>(grouped[b]) == std::get<1>(grouped[a]);
+         ++b)
+      ops.push_back(std::get<2>(grouped[b]));
+    auto group = t.group(std::get<0>(grouped[a]));
     std::vector<int32_t> ranks;
     for (OpId i : ops) {
       ranks.push_back(t.rank(i));
@@ -305,9 +313,27 @@ Status CheckFlow(const Table& t) {
 //   text F(last, m) -> generator F(m) -> generator B(m) -> text B(last, m).
 Status CheckModality(const Table& t) {
   const PlanMeta& m = t.meta();
-  using Key = std::tuple<int32_t, int, int, int32_t, int32_t, int32_t,
-                         int32_t>;  // rank, module, kind, chunk, mb, task, piece
-  std::map<Key, OpId> at;
+  // Ops by (rank, module, kind, chunk, mb, task, piece): an open-addressing table of op
+  // ids (the key is read from the table's columns).
+  using Key = std::tuple<int32_t, int, int, int32_t, int32_t, int32_t, int32_t>;
+  auto key_of = [&](OpId i) {
+    return Key{t.rank(i),  static_cast<int>(t.module(i)), static_cast<int>(t.kind(i)), t.chunk(i),
+               t.mb(i),    t.task(i),                     t.piece(i)};
+  };
+  auto hash = [](const Key& k) {
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    auto mix = [&](uint64_t v) { h = (h ^ v) * 0xff51afd7ed558ccdull, h ^= h >> 32; };
+    std::apply([&](auto... v) { (mix(static_cast<uint32_t>(v)), ...); }, k);
+    return h;
+  };
+  std::vector<OpId> at(std::bit_ceil(std::max<size_t>(16, t.size() * 2)), UINT32_MAX);
+  const size_t mask = at.size() - 1;
+  // The slot holding `k`, or the empty slot where it would go.
+  auto slot_of = [&](const Key& k) {
+    size_t s = hash(k) & mask;
+    while (at[s] != UINT32_MAX && key_of(at[s]) != k) s = (s + 1) & mask;
+    return s;
+  };
   std::vector<OpId> modal;
   for (OpId i = 0; i < t.size(); ++i) {
     const Module mod = t.module(i);
@@ -316,16 +342,14 @@ Status CheckModality(const Table& t) {
     if (mod == Module::kText &&
         !(k == OpKind::kF || k == OpKind::kB || k == OpKind::kI || k == OpKind::kSendB))
       continue;
-    Key key{t.rank(i), static_cast<int>(mod), static_cast<int>(k), t.chunk(i), t.mb(i), t.task(i),
-            t.piece(i)};
-    if (!at.emplace(key, i).second) return InvalidPlan(fmt::format("{}: appears twice", t.str(i)));
+    OpId& slot = at[slot_of(key_of(i))];
+    if (slot != UINT32_MAX) return InvalidPlan(fmt::format("{}: appears twice", t.str(i)));
+    slot = i;
     if (mod != Module::kText && (k == OpKind::kF || k == OpKind::kB)) modal.push_back(i);
   }
   auto find = [&](int32_t rank, Module mod, OpKind k, int32_t chunk, int32_t mb, int32_t task,
                   int32_t piece = -1) {
-    auto it =
-        at.find(Key{rank, static_cast<int>(mod), static_cast<int>(k), chunk, mb, task, piece});
-    return it == at.end() ? UINT32_MAX : it->second;
+    return at[slot_of(Key{rank, static_cast<int>(mod), static_cast<int>(k), chunk, mb, task, piece})];
   };
   // A text op; a backward split into bucket pieces: its first piece (which takes the
   // gradient) or, with `last_piece`, its last (which produces the input gradient).
