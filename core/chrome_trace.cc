@@ -1,11 +1,11 @@
 #include "core/chrome_trace.h"
 
+#include <fmt/compile.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "core/files.h"
@@ -38,16 +38,18 @@ bool Included(const std::vector<int32_t>& filter, int32_t v) {
 // (JSON's rules; other bytes pass through as UTF-8).
 void Quote(fmt::memory_buffer& out, std::string_view s) {
   out.push_back('"');
-  for (char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\') {
-      out.push_back('\\'), out.push_back(ch);
-    } else if (c < 0x20) {
-      fmt::format_to(std::back_inserter(out), "\\u{:04x}", c);
-    } else {
-      out.push_back(ch);
-    }
+  size_t plain = 0;  // start of the run of bytes that need no escape
+  for (size_t k = 0; k < s.size(); ++k) {
+    const auto c = static_cast<unsigned char>(s[k]);
+    if (c >= 0x20 && c != '"' && c != '\\') continue;
+    out.append(s.data() + plain, s.data() + k);
+    plain = k + 1;
+    if (c < 0x20)
+      fmt::format_to(fmt::appender(out), FMT_COMPILE("\\u{:04x}"), c);
+    else
+      out.push_back('\\'), out.push_back(static_cast<char>(c));
   }
+  out.append(s.data() + plain, s.data() + s.size());
   out.push_back('"');
 }
 
@@ -57,8 +59,8 @@ int64_t Ns(double seconds) {
   return std::llround(seconds * 1e9);
 }
 void Us(fmt::memory_buffer& out, int64_t ns) {
-  fmt::format_to(std::back_inserter(out), "{}{}.{:03d}", ns < 0 ? "-" : "", std::abs(ns) / 1000,
-                 std::abs(ns) % 1000);
+  fmt::format_to(fmt::appender(out), FMT_COMPILE("{}{}.{:03d}"), ns < 0 ? "-" : "",
+                 std::abs(ns) / 1000, std::abs(ns) % 1000);
 }
 
 // The trace's text, handed to `sink` in pieces of about kFlushBytes.
@@ -75,7 +77,7 @@ class TraceText {
   }
   template <typename... Args>
   void Add(fmt::format_string<Args...> f, Args&&... args) {
-    fmt::format_to(std::back_inserter(buf_), f, std::forward<Args>(args)...);
+    fmt::format_to(fmt::appender(buf_), f, std::forward<Args>(args)...);
   }
   Status Flush(bool all = false) {
     if (!status_.ok() || (!all && buf_.size() < kFlushBytes)) return status_;
@@ -151,31 +153,48 @@ Status StreamChromeTrace(const Table& t, const Timeline& tl,
       }
     RETURN_IF_ERROR(out.Flush());
   }
+  std::string name;
+  auto put = [&](std::string_view text) { buf.append(text); };
   for (OpId i = 0; i < t.size(); ++i) {
     if (!ran(i)) continue;  // negative start: never ran
     const Work& w = t.work(i);
     const int64_t start = Ns(tl.start[i]), end = std::max(start, Ns(tl.end[i]));
+    const std::string_view module = ModuleName(t.module(i));
+    name.clear();
+    AppendOp(&name, t.key(i));
     out.Event();
-    out.Add(R"({{"ph":"X","name":)");
-    Quote(buf, t.str(i));
-    out.Add(R"(,"cat":)");
-    Quote(buf, ModuleName(t.module(i)));
-    out.Add(R"(,"pid":{},"tid":{},"ts":)", t.rank(i), tid_of[i]);
+    put(R"({"ph":"X","name":)");
+    Quote(buf, name);
+    put(R"(,"cat":)");
+    Quote(buf, module);
+    fmt::format_to(fmt::appender(buf), FMT_COMPILE(R"(,"pid":{},"tid":{},"ts":)"), t.rank(i),
+                   tid_of[i]);
     Us(buf, start);
-    out.Add(R"(,"dur":)");
+    put(R"(,"dur":)");
     Us(buf, end - start);
-    out.Add(R"(,"args":{{"module":)");
-    Quote(buf, ModuleName(t.module(i)));
-    out.Add(R"(,"kind":)");
+    put(R"(,"args":{"module":)");
+    Quote(buf, module);
+    put(R"(,"kind":)");
     Quote(buf, KindName(t.kind(i)));
-    if (t.mb(i) >= 0) out.Add(R"(,"microbatch":{})", t.mb(i));
-    if (t.chunk(i) >= 0) out.Add(R"(,"chunk":{})", t.chunk(i));
-    if (t.task(i) >= 0) out.Add(R"(,"task":{})", t.task(i));
-    if (w.flops > 0) out.Add(R"(,"flops":{:.6g})", w.flops);
-    if (w.hbm_bytes > 0) out.Add(R"(,"hbm_bytes":{:.6g})", w.hbm_bytes);
-    if (w.payload_bytes > 0) out.Add(R"(,"payload_bytes":{:.6g})", w.payload_bytes);
-    if (o.predicted_s) out.Add(R"(,"predicted_us":{:.6g})", (*o.predicted_s)[i] * 1e6);
-    out.Add("}}}}");
+    auto field = [&](std::string_view key, int32_t v) {
+      if (v < 0) return;
+      put(key);
+      const fmt::format_int digits(v);
+      buf.append(digits.data(), digits.data() + digits.size());
+    };
+    field(R"(,"microbatch":)", t.mb(i));
+    field(R"(,"chunk":)", t.chunk(i));
+    field(R"(,"task":)", t.task(i));
+    if (w.flops > 0) fmt::format_to(fmt::appender(buf), FMT_COMPILE(R"(,"flops":{:.6g})"), w.flops);
+    if (w.hbm_bytes > 0)
+      fmt::format_to(fmt::appender(buf), FMT_COMPILE(R"(,"hbm_bytes":{:.6g})"), w.hbm_bytes);
+    if (w.payload_bytes > 0)
+      fmt::format_to(fmt::appender(buf), FMT_COMPILE(R"(,"payload_bytes":{:.6g})"),
+                     w.payload_bytes);
+    if (o.predicted_s)
+      fmt::format_to(fmt::appender(buf), FMT_COMPILE(R"(,"predicted_us":{:.6g})"),
+                     (*o.predicted_s)[i] * 1e6);
+    put("}}");
     RETURN_IF_ERROR(out.Flush());
   }
   // Flow arrows SEND -> RECV after every slice: each binds to the slice it starts or ends

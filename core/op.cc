@@ -46,22 +46,26 @@ bool ParseKind(std::string_view s, OpKind* out) {
   return false;
 }
 
+void AppendOp(std::string* out, const OpKey& op) {
+  auto num = [&](std::string_view prefix, int64_t v) {
+    out->append(prefix);
+    const fmt::format_int digits(v);
+    out->append(digits.data(), digits.size());
+  };
+  num("r", op.rank);
+  out->push_back(' ');
+  if (op.module != DefaultModule(op.kind)) out->append(ModuleName(op.module)).push_back('.');
+  out->append(KindName(op.kind));
+  if (op.chunk >= 0) num(" c", op.chunk);
+  if (op.mb >= 0) num(" m", op.mb);
+  if (op.task >= 0) num(" t", op.task);
+  if (op.piece >= 0) num(" p", op.piece);
+  if (op.peer >= 0) num(IsSend(op.kind) ? " ->r" : IsRecv(op.kind) ? " <-r" : " @g", op.peer);
+}
+
 std::string FormatOp(const OpKey& op) {
-  std::string s = fmt::format("r{} ", op.rank);
-  if (op.module != DefaultModule(op.kind)) s += fmt::format("{}.", ModuleName(op.module));
-  s += KindName(op.kind);
-  if (op.chunk >= 0) s += fmt::format(" c{}", op.chunk);
-  if (op.mb >= 0) s += fmt::format(" m{}", op.mb);
-  if (op.task >= 0) s += fmt::format(" t{}", op.task);
-  if (op.piece >= 0) s += fmt::format(" p{}", op.piece);
-  if (op.peer >= 0) {
-    if (IsSend(op.kind))
-      s += fmt::format(" ->r{}", op.peer);
-    else if (IsRecv(op.kind))
-      s += fmt::format(" <-r{}", op.peer);
-    else
-      s += fmt::format(" @g{}", op.peer);
-  }
+  std::string s;
+  AppendOp(&s, op);
   return s;
 }
 

@@ -84,6 +84,7 @@ struct OpKey {
 };
 
 std::string FormatOp(const OpKey& op);
+void AppendOp(std::string* out, const OpKey& op);  // FormatOp, appended to *out
 StatusOr<OpKey> ParseOp(std::string_view text);
 
 }  // namespace pipeplan
