@@ -1,5 +1,7 @@
 #include "core/table.h"
 
+#include "core/huge_pages.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -93,9 +95,9 @@ StatusOr<Table> TableBuilder::Finish(PlanMeta meta) {
     t.rank_begin_.push_back(next);
   }
   if (next != n) return Internal("an op was added but never sequenced");
-  t.rank_.resize(n), t.kind_.resize(n), t.module_.resize(n), t.chunk_.resize(n);
-  t.mb_.resize(n), t.task_.resize(n), t.peer_.resize(n), t.piece_.resize(n), t.tag_.resize(n),
-      t.work_.resize(n);
+  ResizeHuge(t.rank_, n), ResizeHuge(t.kind_, n), ResizeHuge(t.module_, n);
+  ResizeHuge(t.chunk_, n), ResizeHuge(t.mb_, n), ResizeHuge(t.task_, n), ResizeHuge(t.peer_, n);
+  ResizeHuge(t.piece_, n), ResizeHuge(t.tag_, n), ResizeHuge(t.work_, n);
   for (size_t h = 0; h < n; ++h) {
     OpId i = id_of[h];
     const OpKey& k = keys_[h];
@@ -110,8 +112,10 @@ StatusOr<Table> TableBuilder::Finish(PlanMeta meta) {
   for (size_t i = 0; i < n; ++i) begin[i + 1] += begin[i];
   std::vector<uint32_t> deps(edges_.size()), fill(begin.begin(), begin.end() - 1);
   for (auto& [op, on] : edges_) deps[fill[id_of[op]]++] = id_of[on];
-  t.dep_begin_.assign(n + 1, 0);
-  t.deps_.reserve(deps.size());
+  ResizeHuge(t.dep_begin_, n + 1);
+  t.dep_begin_[0] = 0;
+  ResizeHuge(t.deps_, deps.size());
+  t.deps_.clear();
   for (size_t i = 0; i < n; ++i) {
     auto first = deps.begin() + begin[i], last = deps.begin() + begin[i + 1];
     std::sort(first, last);

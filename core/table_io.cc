@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/files.h"
+#include "core/huge_pages.h"
 #include "core/version.h"
 #include "plan.pb.h"
 
@@ -22,7 +23,9 @@ void CopyColumn(const Src& src, Dst* dst) {
 
 template <typename Src, typename Dst>
 void ReadColumn(const Src& src, Dst* dst) {
-  dst->assign(src.begin(), src.end());
+  dst->clear();
+  ResizeHuge(*dst, src.size());
+  std::copy(src.begin(), src.end(), dst->begin());
 }
 
 template <typename Src, typename T>

@@ -1,5 +1,7 @@
 #include "simulator/engine.h"
 
+#include "core/huge_pages.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -24,9 +26,10 @@ class Engine {
     const int32_t R = t_.num_ranks();
     // Every op's start and end are written before it counts as done (a deadlock discards
     // the timeline), so reused buffers need no clearing.
-    tl_.start.resize(n);
-    tl_.end.resize(n);
-    state_.assign(n, kIdle);
+    ResizeHuge(tl_.start, n);
+    ResizeHuge(tl_.end, n);
+    ResizeHuge(state_, n);
+    std::fill(state_.begin(), state_.end(), kIdle);
     const size_t C = ix_.inst_begin.size() - 1;
     posted_.assign(C, 0);
     ready_.assign(C, 0.0);
@@ -233,8 +236,10 @@ class Engine {
 StatusOr<EngineIndex> IndexForEngine(const Table& t) {
   const size_t n = t.size();
   EngineIndex ix;
-  ix.partner.assign(n, kNone);
-  ix.instance.assign(n, kNone);
+  ResizeHuge(ix.partner, n);
+  ResizeHuge(ix.instance, n);
+  std::fill(ix.partner.begin(), ix.partner.end(), kNone);
+  std::fill(ix.instance.begin(), ix.instance.end(), kNone);
   for (OpId i = 0; i < n; ++i) {
     if (!IsRecv(t.kind(i))) continue;
     const OpId s = t.send_of(i);

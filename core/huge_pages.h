@@ -1,0 +1,30 @@
+// Large arrays read in random order (the table's columns, the engine's per-op state) are
+// backed by huge pages where the kernel allows it (transparent huge pages in "madvise" or
+// "always" mode): with 4 KiB pages, a plan of millions of ops costs a TLB miss on almost
+// every cross-rank access, and the cost per op grows with the plan.
+#pragma once
+
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace pipeplan {
+
+inline constexpr size_t kHugePageBytes = size_t{2} << 20;
+
+// Resizes `v` to n elements; a new buffer of at least a few huge pages is advised for huge
+// pages before its pages are first touched.
+template <typename T>
+void ResizeHuge(std::vector<T>& v, size_t n) {
+  if (v.capacity() < n && n * sizeof(T) >= 4 * kHugePageBytes) {
+    v.reserve(n);
+    const auto begin = reinterpret_cast<uintptr_t>(v.data());
+    const uintptr_t first = (begin + kHugePageBytes - 1) & ~(kHugePageBytes - 1);
+    const uintptr_t last = (begin + n * sizeof(T)) & ~(kHugePageBytes - 1);
+    if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+  }
+  v.resize(n);
+}
+
+}  // namespace pipeplan
