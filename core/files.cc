@@ -10,8 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 namespace pipeplan {
 
@@ -34,12 +32,20 @@ StatusOr<std::string> Gzip(std::string_view data) {
 }
 
 StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return InvalidInput(fmt::format("{}: cannot read file: {}", path, std::strerror(errno)));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return InvalidInput(fmt::format("{}: read error", path));
-  return ss.str();
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr)
+    return InvalidInput(fmt::format("{}: cannot read file: {}", path, std::strerror(errno)));
+  std::string out;
+  struct stat st;
+  if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode))
+    out.reserve(static_cast<size_t>(st.st_size));  // one buffer for a regular file
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  if (failed) return InvalidInput(fmt::format("{}: read error", path));
+  return out;
 }
 
 Status CheckJsonDepth(std::string_view text, int max_depth) {

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/files.h"
 #include "core/huge_pages.h"
@@ -248,7 +249,10 @@ StatusOr<Table> ParsePb(const std::string& bytes) {
   return t;
 }
 
-std::string ToJson(const Table& t) {
+namespace {
+
+// Everything of a plan but its ops, as a JSON document.
+json HeaderJson(const Table& t) {
   json j;
   j["format_version"] = 1;
   j["meta"] = MetaToJson(t.meta());
@@ -271,24 +275,261 @@ std::string ToJson(const Table& t) {
     groups.push_back(json(std::vector<int32_t>(members.begin(), members.end())));
   }
   j["groups"] = std::move(groups);
-  json ops = json::array();
-  for (OpId i = 0; i < t.size(); ++i) {
-    json op = {{"op", t.str(i)}, {"work", t.work_id(i)}};
-    if (t.tag(i) != 0) op["tag"] = t.tag(i);
-    auto d = t.deps(i);
-    if (!d.empty()) op["deps"] = std::vector<uint32_t>(d.begin(), d.end());
-    ops.push_back(std::move(op));
-  }
-  j["ops"] = std::move(ops);
-  return j.dump(1) + "\n";
+  j["ops"] = json::array();
+  return j;
 }
+
+// The JSON plan, handed to `sink` in pieces: the header as the JSON library writes it
+// (keys sorted, one space of indent per level), the ops array written here in the same
+// layout, so the text is what dumping one document would give.
+template <typename Sink>
+Status StreamJson(const Table& t, Sink&& sink) {
+  const std::string header = HeaderJson(t).dump(1);
+  // Strings are escaped, so a line starting with one space and "ops" is the top-level key.
+  const std::string_view key = "\n \"ops\": []";
+  const size_t at = header.find(key);
+  if (at == std::string::npos) return Internal("JSON plan header without its ops");
+  RETURN_IF_ERROR(sink(std::string_view(header).substr(0, at)));
+  fmt::memory_buffer buf;
+  auto num = [&](uint32_t v) {
+    const fmt::format_int digits(v);
+    buf.append(digits.data(), digits.data() + digits.size());
+  };
+  auto put = [&](std::string_view text) { buf.append(text); };
+  put(t.size() == 0 ? "\n \"ops\": []" : "\n \"ops\": [");
+  std::string name;
+  for (OpId i = 0; i < t.size(); ++i) {
+    put(i == 0 ? "\n  {" : ",\n  {");
+    auto d = t.deps(i);
+    if (!d.empty()) {
+      put("\n   \"deps\": [");
+      for (size_t k = 0; k < d.size(); ++k) {
+        put(k == 0 ? "\n    " : ",\n    ");
+        num(d[k]);
+      }
+      put("\n   ],");
+    }
+    name.clear();
+    AppendOp(&name, t.key(i));  // op names need no escapes
+    put("\n   \"op\": \"");
+    put(name);
+    put("\",");
+    if (t.tag(i) != 0) {
+      put("\n   \"tag\": ");
+      num(t.tag(i));
+      put(",");
+    }
+    put("\n   \"work\": ");
+    num(t.work_id(i));
+    put("\n  }");
+    if (buf.size() >= (size_t{1} << 20)) {
+      RETURN_IF_ERROR(sink(std::string_view(buf.data(), buf.size())));
+      buf.clear();
+    }
+  }
+  if (t.size() > 0) put("\n ]");
+  RETURN_IF_ERROR(sink(std::string_view(buf.data(), buf.size())));
+  RETURN_IF_ERROR(sink(std::string_view(header).substr(at + key.size())));
+  return sink("\n");
+}
+
+}  // namespace
+
+std::string ToJson(const Table& t) {
+  std::string out;
+  (void)StreamJson(t, [&](std::string_view piece) {  // this sink never fails
+    out.append(piece);
+    return Status::Ok();
+  });
+  return out;
+}
+
+namespace {
+
+// A strict reader over JSON text for the ops array of a plan (its bulk: read here without
+// building a document); the rest of the plan is read by the JSON library.
+class JsonScan {
+ public:
+  explicit JsonScan(std::string_view text, size_t from = 0) : s_(text), p_(from) {}
+  size_t pos() const { return p_; }
+  void Ws() {
+    while (p_ < s_.size() && (s_[p_] == ' ' || s_[p_] == '\n' || s_[p_] == '\r' || s_[p_] == '\t'))
+      ++p_;
+  }
+  // Skips whitespace, then takes `c` if it comes next.
+  bool Take(char c) {
+    Ws();
+    if (p_ < s_.size() && s_[p_] == c) return ++p_, true;
+    return false;
+  }
+  Status Expect(char c) {
+    return Take(c) ? Status::Ok() : Error(fmt::format("expected '{}'", c));
+  }
+  // A string's text, valid until the next call (escapes are decoded by the JSON library).
+  StatusOr<std::string_view> String() {
+    Ws();
+    if (p_ >= s_.size() || s_[p_] != '"') return Error("expected a string");
+    const size_t begin = p_++;
+    bool escaped = false;
+    for (; p_ < s_.size() && s_[p_] != '"'; ++p_) {
+      if (static_cast<unsigned char>(s_[p_]) < 0x20) return Error("control character in a string");
+      if (s_[p_] == '\\') escaped = true, ++p_;
+    }
+    if (p_ >= s_.size()) return Error("unterminated string");
+    ++p_;
+    if (!escaped) return s_.substr(begin + 1, p_ - begin - 2);
+    try {
+      decoded_ = json::parse(s_.substr(begin, p_ - begin)).get<std::string>();
+      return std::string_view(decoded_);
+    } catch (const json::exception&) {
+      return Error("bad escape in a string");
+    }
+  }
+  // An integer in [0, 2^32).
+  StatusOr<uint32_t> Unsigned() {
+    Ws();
+    uint64_t v = 0;
+    const size_t begin = p_;
+    while (p_ < s_.size() && s_[p_] >= '0' && s_[p_] <= '9' && v <= UINT32_MAX)
+      v = v * 10 + (s_[p_++] - '0');
+    if (p_ == begin || v > UINT32_MAX || (p_ - begin > 1 && s_[begin] == '0') ||
+        (p_ < s_.size() && (s_[p_] == '.' || s_[p_] == 'e' || s_[p_] == 'E' || s_[p_] == '-' ||
+                            (s_[p_] >= '0' && s_[p_] <= '9'))))
+      return Error("expected an integer in [0, 2^32)");
+    return static_cast<uint32_t>(v);
+  }
+  // Skips one value of any type (its syntax checked by the library when it is kept).
+  Status Skip() {
+    Ws();
+    if (p_ >= s_.size()) return Error("unexpected end");
+    const char c = s_[p_];
+    if (c == '"') return String().status();
+    if (c == '[' || c == '{') {
+      int depth = 0;
+      do {
+        Ws();
+        if (p_ >= s_.size()) return Error("unexpected end");
+        const char x = s_[p_];
+        if (x == '"') {
+          RETURN_IF_ERROR(String().status());
+          continue;
+        }
+        if (x == '[' || x == '{') ++depth;
+        if (x == ']' || x == '}') --depth;
+        ++p_;
+      } while (depth > 0);
+      return Status::Ok();
+    }
+    const size_t begin = p_;
+    while (p_ < s_.size() && std::string_view(",]} \n\r\t").find(s_[p_]) == std::string_view::npos)
+      ++p_;
+    return p_ > begin ? Status::Ok() : Error("expected a value");
+  }
+  Status Error(std::string_view what) const {
+    size_t line = 1;
+    for (size_t k = 0; k < std::min(p_, s_.size()); ++k) line += s_[k] == '\n';
+    return InvalidInput(fmt::format("not a pipeplan JSON plan: line {}: {}", line, what));
+  }
+
+ private:
+  std::string_view s_;
+  size_t p_ = 0;
+  std::string decoded_;
+};
+
+// Reads the ops array (at the scanner's position) into the table's columns.
+Status ReadJsonOps(JsonScan& in, TableColumns& c, size_t most_ops) {
+  // Room for as many ops as the text could hold (pages never written stay unused).
+  for (auto* col : {&c.rank(), &c.chunk(), &c.mb(), &c.task(), &c.peer(), &c.piece()})
+    col->reserve(most_ops);
+  c.kind().reserve(most_ops), c.module().reserve(most_ops), c.tag().reserve(most_ops);
+  c.work().reserve(most_ops), c.dep_begin().reserve(most_ops + 1), c.deps().reserve(most_ops);
+  RETURN_IF_ERROR(in.Expect('['));
+  int32_t last_rank = 0;
+  size_t i = 0;
+  if (!in.Take(']')) {
+    do {
+      RETURN_IF_ERROR(in.Expect('{'));
+      std::optional<OpKey> key;
+      std::optional<uint32_t> work;
+      uint32_t tag = 0;
+      if (!in.Take('}')) {
+        do {
+          ASSIGN_OR_RETURN(std::string_view name, in.String());
+          RETURN_IF_ERROR(in.Expect(':'));
+          if (name == "op") {
+            ASSIGN_OR_RETURN(std::string_view text, in.String());
+            auto k = ParseOp(text);
+            if (!k.ok()) return InvalidInput(fmt::format("op {}: {}", i, k.status().message()));
+            key = *k;
+          } else if (name == "work") {
+            ASSIGN_OR_RETURN(work, in.Unsigned());
+          } else if (name == "tag") {
+            ASSIGN_OR_RETURN(tag, in.Unsigned());
+          } else if (name == "deps") {
+            RETURN_IF_ERROR(in.Expect('['));
+            if (!in.Take(']')) {
+              do {
+                ASSIGN_OR_RETURN(uint32_t d, in.Unsigned());
+                c.deps().push_back(d);
+              } while (in.Take(','));
+              RETURN_IF_ERROR(in.Expect(']'));
+            }
+          } else {
+            RETURN_IF_ERROR(in.Skip());  // keys of later versions
+          }
+        } while (in.Take(','));
+        RETURN_IF_ERROR(in.Expect('}'));
+      }
+      if (!key) return in.Error(fmt::format("op {} has no \"op\"", i));
+      if (!work) return in.Error(fmt::format("op {} has no \"work\"", i));
+      if (key->rank < last_rank)
+        return InvalidInput(fmt::format("op {} ('{}') is out of rank order", i, FormatOp(*key)));
+      last_rank = key->rank;
+      c.rank().push_back(key->rank), c.kind().push_back(key->kind);
+      c.module().push_back(key->module), c.chunk().push_back(key->chunk);
+      c.mb().push_back(key->mb), c.task().push_back(key->task), c.peer().push_back(key->peer);
+      c.piece().push_back(key->piece);
+      c.tag().push_back(tag), c.work().push_back(*work);
+      if (c.deps().size() > UINT32_MAX) return InvalidInput("plan dependency index overflows");
+      c.dep_begin().push_back(static_cast<uint32_t>(c.deps().size()));
+      ++i;
+    } while (in.Take(','));
+    RETURN_IF_ERROR(in.Expect(']'));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 StatusOr<Table> FromJson(const std::string& text) {
   Table t;
   TableColumns c(&t);
+  // The top-level "ops" array is read here as it is scanned; the rest, without it, is read
+  // as a document by the JSON library.
+  JsonScan scan(text);
+  size_t ops_begin = std::string::npos, ops_end = 0;
+  RETURN_IF_ERROR(scan.Expect('{'));
+  if (!scan.Take('}')) {
+    do {
+      ASSIGN_OR_RETURN(std::string_view name, scan.String());
+      const bool ops = name == "ops";
+      RETURN_IF_ERROR(scan.Expect(':'));
+      scan.Ws();
+      const size_t begin = scan.pos();
+      if (ops && ops_begin != std::string::npos)
+        return InvalidInput("not a pipeplan JSON plan: \"ops\" appears twice");
+      // An op takes at least 24 bytes of text ({"op":"r0 F","work":0}).
+      RETURN_IF_ERROR(ops ? ReadJsonOps(scan, c, (text.size() - begin) / 24 + 1) : scan.Skip());
+      if (ops) ops_begin = begin, ops_end = scan.pos();
+    } while (scan.Take(','));
+    RETURN_IF_ERROR(scan.Expect('}'));
+  }
+  if (ops_begin == std::string::npos) return InvalidInput("not a pipeplan JSON plan: no \"ops\"");
   try {
-    RETURN_IF_ERROR(CheckJsonDepth(text));
-    json j = json::parse(text);
+    const std::string rest = text.substr(0, ops_begin) + "[]" + text.substr(ops_end);
+    RETURN_IF_ERROR(CheckJsonDepth(rest));
+    json j = json::parse(rest);
     if (j.at("format_version") != 1) return InvalidInput("unsupported JSON plan format version");
     c.meta() = MetaFromJson(j.at("meta"));
     for (const json& r : j.at("ranks")) {
@@ -304,29 +545,19 @@ StatusOr<Table> FromJson(const std::string& text) {
       for (int32_t r : g) c.group_ranks().push_back(r);
       c.group_begin().push_back(static_cast<uint32_t>(c.group_ranks().size()));
     }
-    const json& ops = j.at("ops");
-    int32_t last_rank = 0;
-    for (size_t i = 0; i < ops.size(); ++i) {
-      const json& op = ops[i];
-      auto key = ParseOp(op.at("op").get<std::string>());
-      if (!key.ok()) return InvalidInput(fmt::format("op {}: {}", i, key.status().message()));
-      if (key->rank < last_rank || key->rank >= static_cast<int32_t>(c.ranks().size()))
-        return InvalidInput(fmt::format("op {} ('{}') is out of rank order", i, FormatOp(*key)));
-      for (; last_rank < key->rank; ++last_rank) c.rank_begin().push_back(static_cast<uint32_t>(i));
-      c.rank().push_back(key->rank), c.kind().push_back(key->kind);
-      c.module().push_back(key->module), c.chunk().push_back(key->chunk);
-      c.mb().push_back(key->mb), c.task().push_back(key->task), c.peer().push_back(key->peer);
-      c.piece().push_back(key->piece);
-      c.tag().push_back(op.value("tag", 0u)), c.work().push_back(op.at("work"));
-      if (auto it = op.find("deps"); it != op.end())
-        for (uint32_t d : *it) c.deps().push_back(d);
-      c.dep_begin().push_back(static_cast<uint32_t>(c.deps().size()));
-    }
-    for (; last_rank < static_cast<int32_t>(c.ranks().size()); ++last_rank)
-      c.rank_begin().push_back(static_cast<uint32_t>(ops.size()));
   } catch (const json::exception& e) {
     return InvalidInput(fmt::format("not a pipeplan JSON plan: {}", e.what()));
   }
+  // Ops come rank by rank (checked as read), each rank one of the plan's.
+  const int32_t R = static_cast<int32_t>(c.ranks().size());
+  const size_t n = c.rank().size();
+  int32_t r = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (c.rank()[i] >= R)
+      return InvalidInput(fmt::format("op {} ('{}') is out of rank order", i, t.str(i)));
+    for (; r < c.rank()[i]; ++r) c.rank_begin().push_back(static_cast<uint32_t>(i));
+  }
+  for (; r < R; ++r) c.rank_begin().push_back(static_cast<uint32_t>(n));
   RETURN_IF_ERROR(c.CheckConsistent());
   return t;
 }
@@ -335,8 +566,12 @@ Status SavePlan(const Table& t, const std::string& path, PlanFormat format) {
   switch (format) {
     case PlanFormat::kPb:
       return WriteFileAtomic(path, SerializePb(t));
-    case PlanFormat::kJson:
-      return WriteFileAtomic(path, ToJson(t));
+    case PlanFormat::kJson: {
+      OutputFile f;
+      RETURN_IF_ERROR(f.Open(path));
+      RETURN_IF_ERROR(StreamJson(t, [&](std::string_view piece) { return f.Write(piece); }));
+      return f.Commit();
+    }
     case PlanFormat::kTorchCsv:
     case PlanFormat::kTorchCsvComms:
       return Internal("a PyTorch CSV is written with ToTorchCsv (core/torch_csv.h)");
