@@ -1,6 +1,6 @@
 #include "core/table.h"
 
-#include "core/huge_pages.h"
+#include "core/memory.h"
 
 #include <fmt/format.h>
 
@@ -95,6 +95,8 @@ StatusOr<Table> TableBuilder::Finish(PlanMeta meta) {
     t.rank_begin_.push_back(next);
   }
   if (next != n) return Internal("an op was added but never sequenced");
+  // What has been read is released as the table is filled (the peak is the builder's).
+  seq_ = {};
   ResizeHuge(t.rank_, n), ResizeHuge(t.kind_, n), ResizeHuge(t.module_, n);
   ResizeHuge(t.chunk_, n), ResizeHuge(t.mb_, n), ResizeHuge(t.task_, n), ResizeHuge(t.peer_, n);
   ResizeHuge(t.piece_, n), ResizeHuge(t.tag_, n), ResizeHuge(t.work_, n);
@@ -106,12 +108,14 @@ StatusOr<Table> TableBuilder::Finish(PlanMeta meta) {
     t.piece_[i] = k.piece;
     t.tag_[i] = extra_[h].tag, t.work_[i] = extra_[h].work;
   }
+  keys_ = {}, extra_ = {};
   // CSR of dependencies (counting sort by op), each op's list sorted and deduplicated.
   std::vector<uint32_t> begin(n + 1, 0);
   for (auto& [op, on] : edges_) ++begin[id_of[op] + 1];
   for (size_t i = 0; i < n; ++i) begin[i + 1] += begin[i];
   std::vector<uint32_t> deps(edges_.size()), fill(begin.begin(), begin.end() - 1);
   for (auto& [op, on] : edges_) deps[fill[id_of[op]]++] = id_of[on];
+  edges_ = {}, fill = {}, id_of = {};
   ResizeHuge(t.dep_begin_, n + 1);
   t.dep_begin_[0] = 0;
   ResizeHuge(t.deps_, deps.size());

@@ -161,6 +161,7 @@ class Table {
   const PlanMeta& meta() const { return meta_; }
   PlanMeta& mutable_meta() { return meta_; }
   std::vector<Work>& mutable_works() { return works_; }
+  std::span<const uint32_t> dep_list() const { return deps_; }  // every op's deps, in op order
   std::vector<uint32_t>& mutable_deps() { return deps_; }  // tests break tables by hand
   std::vector<uint32_t>& mutable_dep_begin() { return dep_begin_; }
 
@@ -206,7 +207,7 @@ class TableBuilder {
   size_t size() const { return keys_.size(); }
   void Reserve(size_t ops);
   // Fails if an added op is not in exactly one sequence.
-  StatusOr<Table> Finish(PlanMeta meta);
+  StatusOr<Table> Finish(PlanMeta meta);  // leaves the builder without ops
 
  private:
   struct Extra {

@@ -3,11 +3,13 @@
 #include <fmt/format.h>
 #include <sys/stat.h>
 
+#include <array>
+#include <span>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "core/files.h"
-#include "core/huge_pages.h"
+#include "core/memory.h"
 #include "core/version.h"
 #include "plan.pb.h"
 
@@ -139,9 +141,29 @@ StatusOr<PlanFormat> FormatFromPath(const std::string& path) {
       "{}: cannot tell the plan format from the name (.pb, .json, .csv), say --format", path));
 }
 
-std::string SerializePb(const Table& table) {
-  Table& t = const_cast<Table&>(table);  // TableColumns is read-only here
-  TableColumns c(&t);
+namespace {
+
+size_t VarintSize(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) v >>= 7, ++n;
+  return n;
+}
+void PutVarint(fmt::memory_buffer& out, uint64_t v) {
+  while (v >= 0x80) out.push_back(static_cast<char>(v | 0x80)), v >>= 7;
+  out.push_back(static_cast<char>(v));
+}
+// Protobuf encodings of int32 (sign-extended to 64 bits), sint32 (zigzag) and uint32.
+uint64_t Int32(int32_t v) { return static_cast<uint64_t>(static_cast<int64_t>(v)); }
+uint64_t Sint32(int32_t v) {
+  return (static_cast<uint32_t>(v) << 1) ^ static_cast<uint32_t>(v >> 31);
+}
+
+// The plan as protobuf, handed to `sink` in pieces: everything but the ops through the
+// generated message; the ops message (the last field) written here column by column from
+// the table, as the message would serialize them (packed fields in field order), without a
+// copy of the columns.
+template <typename Sink>
+Status StreamPb(const Table& t, Sink&& sink) {
   proto::Plan p;
   p.set_format_version(1);
   auto* m = p.mutable_meta();
@@ -176,21 +198,61 @@ std::string SerializePb(const Table& table) {
     p.add_group_size(static_cast<uint32_t>(t.group(g).size()));
     for (int32_t r : t.group(g)) p.add_group_ranks(r);
   }
-  auto* o = p.mutable_ops();
-  CopyColumn(c.rank(), o->mutable_rank());
-  CopyColumn(c.kind(), o->mutable_kind());
-  CopyColumn(c.module(), o->mutable_module());
-  CopyColumn(c.chunk(), o->mutable_chunk());
-  CopyColumn(c.mb(), o->mutable_mb());
-  CopyColumn(c.task(), o->mutable_task());
-  CopyColumn(c.piece(), o->mutable_piece());
-  CopyColumn(c.peer(), o->mutable_peer());
-  CopyColumn(c.tag(), o->mutable_tag());
-  CopyColumn(c.work(), o->mutable_work());
-  o->mutable_dep_count()->Reserve(static_cast<int>(t.size()));
-  for (size_t i = 0; i < t.size(); ++i) o->add_dep_count(static_cast<uint32_t>(t.deps(i).size()));
-  CopyColumn(c.deps(), o->mutable_deps());
-  return p.SerializeAsString();
+  RETURN_IF_ERROR(sink(p.SerializeAsString()));
+
+  const size_t n = t.size();
+  const std::span<const uint32_t> deps = t.dep_list();
+  // Calls visit(field number, count, value) for each column; value(i) is the varint to write.
+  auto columns = [&](auto&& visit) {
+    visit(1, n, [&](size_t i) { return Int32(t.rank(i)); });
+    visit(2, n, [&](size_t i) { return Int32(static_cast<int32_t>(t.kind(i))); });
+    visit(3, n, [&](size_t i) { return Int32(static_cast<int32_t>(t.module(i))); });
+    visit(4, n, [&](size_t i) { return Sint32(t.chunk(i)); });
+    visit(5, n, [&](size_t i) { return Sint32(t.mb(i)); });
+    visit(6, n, [&](size_t i) { return Sint32(t.task(i)); });
+    visit(7, n, [&](size_t i) { return Sint32(t.peer(i)); });
+    visit(8, n, [&](size_t i) { return uint64_t{t.tag(i)}; });
+    visit(9, n, [&](size_t i) { return uint64_t{t.work_id(i)}; });
+    visit(10, n, [&](size_t i) { return uint64_t{t.deps(i).size()}; });
+    visit(11, deps.size(), [&](size_t k) { return uint64_t{deps[k]}; });
+    visit(12, n, [&](size_t i) { return Sint32(t.piece(i)); });
+  };
+  std::array<size_t, 13> bytes{};
+  size_t total = 0;
+  columns([&](int field, size_t count, auto value) {
+    for (size_t i = 0; i < count; ++i) bytes[field] += VarintSize(value(i));
+    if (bytes[field] > 0) total += 1 + VarintSize(bytes[field]) + bytes[field];
+  });
+  fmt::memory_buffer buf;
+  PutVarint(buf, 8 << 3 | 2);  // Plan.ops, length-delimited
+  PutVarint(buf, total);
+  Status status = Status::Ok();
+  columns([&](int field, size_t count, auto value) {
+    if (bytes[field] == 0 || !status.ok()) return;
+    PutVarint(buf, static_cast<uint64_t>(field) << 3 | 2);
+    PutVarint(buf, bytes[field]);
+    for (size_t i = 0; i < count; ++i) {
+      PutVarint(buf, value(i));
+      if (buf.size() >= (size_t{1} << 20)) {
+        status = sink(std::string_view(buf.data(), buf.size()));
+        buf.clear();
+        if (!status.ok()) return;
+      }
+    }
+  });
+  RETURN_IF_ERROR(status);
+  return sink(std::string_view(buf.data(), buf.size()));
+}
+
+}  // namespace
+
+std::string SerializePb(const Table& t) {
+  std::string out;
+  (void)StreamPb(t, [&](std::string_view piece) {  // this sink never fails
+    out.append(piece);
+    return Status::Ok();
+  });
+  return out;
 }
 
 StatusOr<Table> ParsePb(const std::string& bytes) {
@@ -564,8 +626,12 @@ StatusOr<Table> FromJson(const std::string& text) {
 
 Status SavePlan(const Table& t, const std::string& path, PlanFormat format) {
   switch (format) {
-    case PlanFormat::kPb:
-      return WriteFileAtomic(path, SerializePb(t));
+    case PlanFormat::kPb: {
+      OutputFile f;
+      RETURN_IF_ERROR(f.Open(path));
+      RETURN_IF_ERROR(StreamPb(t, [&](std::string_view piece) { return f.Write(piece); }));
+      return f.Commit();
+    }
     case PlanFormat::kJson: {
       OutputFile f;
       RETURN_IF_ERROR(f.Open(path));

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "core/memory.h"
+
 namespace pipeplan {
 
 uint32_t CollectiveTag(OpKind kind, Module module, int32_t chunk, int bucket) {
@@ -168,6 +170,7 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
   std::vector<Tagged> sends, recvs;
   sends.reserve(total / 4);
   recvs.reserve(total / 4);
+  size_t linked = 0;
   for (RankSeq& seq : seqs) {
     // Last backward per (module, chunk) so far, and the rank's gradient collectives.
     std::vector<std::pair<int64_t, TableBuilder::Handle>> last_backward;
@@ -208,6 +211,8 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
         grad_collectives.push_back(h);
       }
     }
+    RankSeq().swap(seq);  // in the builder now: released as it goes
+    if (++linked % 256 == 0) ReleaseFreeMemory();
   }
   std::sort(sends.begin(), sends.end());
   std::sort(recvs.begin(), recvs.end());

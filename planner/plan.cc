@@ -1,5 +1,7 @@
 #include "planner/plan.h"
 
+#include "core/memory.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -483,6 +485,7 @@ StatusOr<Table> BuildPlan(const Config& c) {
       modality_sync.push_back(std::move(ms));
     }
   }
+  ReleaseFreeMemory();  // the placement's working state
   AddSendRecv(&seqs, shape, p2p_work);
   AddGradSync(&seqs, shape, c.training.zero_stage, sync, dp_group, modality_sync);
   RETURN_IF_ERROR(Link(std::move(seqs), &b));

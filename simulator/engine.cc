@@ -1,6 +1,6 @@
 #include "simulator/engine.h"
 
-#include "core/huge_pages.h"
+#include "core/memory.h"
 
 #include <fmt/format.h>
 

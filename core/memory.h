@@ -1,3 +1,4 @@
+// Memory of large plans.
 // Large arrays read in random order (the table's columns, the engine's per-op state) are
 // backed by huge pages where the kernel allows it (transparent huge pages in "madvise" or
 // "always" mode): with 4 KiB pages, a plan of millions of ops costs a TLB miss on almost
@@ -5,6 +6,9 @@
 #pragma once
 
 #include <sys/mman.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <cstdint>
 #include <vector>
@@ -25,6 +29,15 @@ void ResizeHuge(std::vector<T>& v, size_t n) {
     if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
   }
   v.resize(n);
+}
+
+// Hands freed heap memory back to the system. Phases that free many small blocks while
+// the next phase allocates large ones (mapped apart from the heap) would otherwise keep
+// both resident.
+inline void ReleaseFreeMemory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
 }
 
 }  // namespace pipeplan
