@@ -1,7 +1,7 @@
 #include "simulator/contention.h"
 
 #include <algorithm>
-#include <set>
+#include <utility>
 
 namespace pipeplan {
 namespace {
@@ -39,6 +39,7 @@ std::vector<double> ContendedDurations(const Table& t, const Timeline& tl,
   };
   std::vector<Span> spans;
   std::vector<double> shared;  // per span: overlap with others on a shared direction
+  std::vector<std::pair<double, size_t>> active;
   for (int32_t r = 0; r < t.num_ranks(); ++r) {
     spans.clear();
     for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i)
@@ -49,17 +50,22 @@ std::vector<double> ContendedDurations(const Table& t, const Timeline& tl,
       return a.start < b.start || (a.start == b.start && a.op < b.op);
     });
     shared.assign(spans.size(), 0.0);
-    // Sweep in start order; the active set holds the spans not yet ended.
-    std::set<std::pair<double, size_t>> active;  // (end, index)
+    // Sweep in start order; the active set holds the spans not yet ended, sorted by
+    // (end, index) (a few at a time: a sorted vector).
+    active.clear();
+    size_t first = 0;  // active[first..] are live
     for (size_t k = 0; k < spans.size(); ++k) {
-      while (!active.empty() && active.begin()->first <= spans[k].start)
-        active.erase(active.begin());
-      for (auto [end, j] : active) {
+      while (first < active.size() && active[first].first <= spans[k].start) ++first;
+      if (first > 64 && first * 2 > active.size())
+        active.erase(active.begin(), active.begin() + first), first = 0;
+      for (size_t a = first; a < active.size(); ++a) {
+        const auto [end, j] = active[a];
         if (!(spans[j].dirs & spans[k].dirs)) continue;
         const double overlap = std::min(end, spans[k].end) - spans[k].start;
         shared[j] += overlap, shared[k] += overlap;
       }
-      active.insert({spans[k].end, k});
+      const std::pair<double, size_t> entry{spans[k].end, k};
+      active.insert(std::upper_bound(active.begin() + first, active.end(), entry), entry);
     }
     for (size_t k = 0; k < spans.size(); ++k) {
       if (shared[k] <= 0) continue;
