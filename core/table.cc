@@ -57,8 +57,11 @@ TableBuilder::TableBuilder(std::vector<RankInfo> ranks)
     : ranks_(std::move(ranks)), seq_(ranks_.size()) {}
 
 void TableBuilder::Reserve(size_t ops) {
-  keys_.reserve(ops);
-  extra_.reserve(ops);
+  Table& t = ops_;
+  ReserveHuge(t.rank_, ops), ReserveHuge(t.kind_, ops), ReserveHuge(t.module_, ops);
+  ReserveHuge(t.chunk_, ops), ReserveHuge(t.mb_, ops), ReserveHuge(t.task_, ops);
+  ReserveHuge(t.peer_, ops), ReserveHuge(t.piece_, ops), ReserveHuge(t.tag_, ops);
+  ReserveHuge(t.work_, ops);
 }
 
 WorkId TableBuilder::AddWork(const Work& w) {
@@ -74,41 +77,47 @@ int32_t TableBuilder::AddGroup(std::vector<int32_t> ranks) {
 }
 
 TableBuilder::Handle TableBuilder::Add(const OpKey& key, WorkId work, uint32_t tag) {
-  keys_.push_back(key);
-  extra_.push_back({tag, work});
-  return static_cast<Handle>(keys_.size() - 1);
+  Table& t = ops_;
+  t.rank_.push_back(key.rank), t.kind_.push_back(key.kind), t.module_.push_back(key.module);
+  t.chunk_.push_back(key.chunk), t.mb_.push_back(key.mb), t.task_.push_back(key.task);
+  t.peer_.push_back(key.peer), t.piece_.push_back(key.piece);
+  t.tag_.push_back(tag), t.work_.push_back(work);
+  return static_cast<Handle>(t.kind_.size() - 1);
 }
 
 StatusOr<Table> TableBuilder::Finish(PlanMeta meta) {
   Table t;
-  const size_t n = keys_.size();
+  const size_t n = ops_.size();
   std::vector<OpId> id_of(n, UINT32_MAX);
   OpId next = 0;
+  bool in_order = true;  // handle h is op h
   for (size_t r = 0; r < seq_.size(); ++r) {
     for (Handle h : seq_[r]) {
-      if (keys_[h].rank != static_cast<int32_t>(r))
-        return Internal(fmt::format("op {} sequenced on rank {}", FormatOp(keys_[h]), r));
-      if (id_of[h] != UINT32_MAX)
-        return Internal(fmt::format("op {} sequenced twice", FormatOp(keys_[h])));
+      if (ops_.rank_[h] != static_cast<int32_t>(r))
+        return Internal(fmt::format("op {} sequenced on rank {}", ops_.str(h), r));
+      if (id_of[h] != UINT32_MAX) return Internal(fmt::format("op {} sequenced twice", ops_.str(h)));
+      in_order = in_order && h == next;
       id_of[h] = next++;
     }
     t.rank_begin_.push_back(next);
   }
   if (next != n) return Internal("an op was added but never sequenced");
-  // What has been read is released as the table is filled (the peak is the builder's).
   seq_ = {};
-  ResizeHuge(t.rank_, n), ResizeHuge(t.kind_, n), ResizeHuge(t.module_, n);
-  ResizeHuge(t.chunk_, n), ResizeHuge(t.mb_, n), ResizeHuge(t.task_, n), ResizeHuge(t.peer_, n);
-  ResizeHuge(t.piece_, n), ResizeHuge(t.tag_, n), ResizeHuge(t.work_, n);
-  for (size_t h = 0; h < n; ++h) {
-    OpId i = id_of[h];
-    const OpKey& k = keys_[h];
-    t.rank_[i] = k.rank, t.kind_[i] = k.kind, t.module_[i] = k.module, t.chunk_[i] = k.chunk;
-    t.mb_[i] = k.mb, t.task_[i] = k.task, t.peer_[i] = k.peer;
-    t.piece_[i] = k.piece;
-    t.tag_[i] = extra_[h].tag, t.work_[i] = extra_[h].work;
-  }
-  keys_ = {}, extra_ = {};
+  // The columns move to the table; out of order, each is permuted in turn (one column's
+  // copy at a time on top of the builder's).
+  auto take = [&](auto& from, auto& to) {
+    if (!in_order) {
+      std::remove_reference_t<decltype(to)> permuted;
+      ResizeHuge(permuted, n);
+      for (size_t h = 0; h < n; ++h) permuted[id_of[h]] = from[h];
+      from = std::move(permuted);
+    }
+    to = std::move(from);
+  };
+  Table& o = ops_;
+  take(o.rank_, t.rank_), take(o.kind_, t.kind_), take(o.module_, t.module_);
+  take(o.chunk_, t.chunk_), take(o.mb_, t.mb_), take(o.task_, t.task_), take(o.peer_, t.peer_);
+  take(o.piece_, t.piece_), take(o.tag_, t.tag_), take(o.work_, t.work_);
   // CSR of dependencies (counting sort by op), each op's list sorted and deduplicated.
   std::vector<uint32_t> begin(n + 1, 0);
   for (auto& [op, on] : edges_) ++begin[id_of[op] + 1];

@@ -195,7 +195,7 @@ class TableBuilder {
   int32_t AddGroup(std::vector<int32_t> ranks);
   Handle Add(const OpKey& key, WorkId work, uint32_t tag = 0);
   // Appends op h to the end of its rank's sequence.
-  void Append(Handle h) { seq_[keys_[h].rank].push_back(h); }
+  void Append(Handle h) { seq_[ops_.rank_[h]].push_back(h); }
   Handle AddAndAppend(const OpKey& key, WorkId work, uint32_t tag = 0) {
     Handle h = Add(key, work, tag);
     Append(h);
@@ -203,20 +203,17 @@ class TableBuilder {
   }
   void AddDep(Handle op, Handle on) { edges_.push_back({op, on}); }
   std::vector<std::vector<Handle>>& sequences() { return seq_; }
-  const OpKey& key(Handle h) const { return keys_[h]; }
-  size_t size() const { return keys_.size(); }
+  OpKey key(Handle h) const { return ops_.key(h); }
+  size_t size() const { return ops_.size(); }
   void Reserve(size_t ops);
-  // Fails if an added op is not in exactly one sequence.
-  StatusOr<Table> Finish(PlanMeta meta);  // leaves the builder without ops
+  // Fails if an added op is not in exactly one sequence. Leaves the builder without ops.
+  // When ops were added in rank-major sequence order, their columns become the table's
+  // as they are (no copy); otherwise they are permuted one column at a time.
+  StatusOr<Table> Finish(PlanMeta meta);
 
  private:
-  struct Extra {
-    uint32_t tag;
-    WorkId work;
-  };
   std::vector<RankInfo> ranks_;
-  std::vector<OpKey> keys_;
-  std::vector<Extra> extra_;
+  Table ops_;  // the ops added, by handle: their columns (rank, kind, ..., tag, work)
   std::vector<std::vector<Handle>> seq_;
   std::vector<std::pair<Handle, Handle>> edges_;
   std::vector<Work> works_;

@@ -3,6 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <limits>
 #include <queue>
 #include <set>
@@ -766,6 +771,36 @@ std::vector<std::vector<GeneratorPlacement>> Pass::GeneratorPlacements() const {
   return out;
 }
 
+// Runs f(0..n-1) on up to one thread per core (the calling thread among them); an
+// exception in one (out of memory) is rethrown here once all have stopped.
+Status RunParallel(size_t n, const std::function<void(size_t)>& f) {
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex mu;
+  auto worker = [&] {
+    try {
+      for (size_t i; (i = next++) < n;) f(i);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+      next = n;
+    }
+  };
+  const size_t want = std::min<size_t>(n, std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> threads;
+  for (size_t j = 1; j < want; ++j) {
+    try {
+      threads.emplace_back(worker);
+    } catch (const std::system_error&) {
+      break;  // a thread the machine refuses is simply not used
+    }
+  }
+  worker();
+  for (auto& th : threads) th.join();
+  if (error) std::rethrow_exception(error);
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
@@ -792,31 +827,53 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
     if (v.rank < 0 || static_cast<size_t>(v.rank) >= R || v.d < 0 || v.d >= sh.dp || v.mb < 0 ||
         v.mb >= sh.m)
       return Internal("modality list scheduler: a vision task outside the pipeline");
-  ListResult best;
-  best.makespan_s = kInf;
   const std::vector<double> none;
   // A Pass keeps references: its rules must outlive it (a temporary here did not).
   const ListRules text_rules = alternatives.empty() ? ListRules{} : alternatives[0];
   Pass text(in, w, text_rules, none);
   RETURN_IF_ERROR(text.Run());
-  for (const ListRules& rules : alternatives) {
+  // Each alternative repeats passes while its makespan improves and keeps its best pass.
+  // Alternatives are independent: they run on the machine's cores. The winner is the
+  // shortest makespan, the first alternative among equals (as one after the other would
+  // pick); only the winner so far keeps its placements.
+  ListResult best;
+  best.makespan_s = kInf;
+  size_t best_index = alternatives.size();
+  std::vector<Status> status(alternatives.size(), Status::Ok());
+  std::mutex mu;
+  auto run = [&](size_t a) {
+    const ListRules& rules = alternatives[a];
+    ListResult mine;
+    mine.makespan_s = kInf;
     std::vector<double> deadline = text.ConsumerStarts();
     double last = kInf;
     for (int k = 0; k < std::max(1, rules.passes); ++k) {
       Pass p(in, w, rules, deadline);
-      RETURN_IF_ERROR(p.Run());
-      ++best.passes;
+      status[a] = p.Run();
+      if (!status[a].ok()) return;
+      ++mine.passes;
       if (p.makespan() >= last) break;
       last = p.makespan();
-      if (last < best.makespan_s) {
-        best.makespan_s = last;
-        best.vision = p.Placements();
-        best.generator = p.GeneratorPlacements();
-        best.rank_orders = p.RankOrders();
+      if (last < mine.makespan_s) {
+        mine.makespan_s = last;
+        mine.vision = p.Placements();
+        mine.generator = p.GeneratorPlacements();
+        mine.rank_orders = p.RankOrders();
       }
       deadline = p.ConsumerStarts();
     }
-  }
+    std::lock_guard<std::mutex> lock(mu);
+    best.passes += mine.passes;
+    if (mine.makespan_s < best.makespan_s || (mine.makespan_s == best.makespan_s && a < best_index)) {
+      best_index = a;
+      best.makespan_s = mine.makespan_s;
+      best.vision = std::move(mine.vision);
+      best.generator = std::move(mine.generator);
+      best.rank_orders = std::move(mine.rank_orders);
+    }
+  };
+  RETURN_IF_ERROR(RunParallel(alternatives.size(), run));
+  for (const Status& s : status) RETURN_IF_ERROR(s);
   best.text_makespan_s = text.makespan();
   return best;
 }

@@ -212,7 +212,7 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
       }
     }
     RankSeq().swap(seq);  // in the builder now: released as it goes
-    if (++linked % 256 == 0) ReleaseFreeMemory();
+    if (total >= kReleaseFromOps && ++linked % 256 == 0) ReleaseFreeMemory();
   }
   std::sort(sends.begin(), sends.end());
   std::sort(recvs.begin(), recvs.end());

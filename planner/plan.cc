@@ -252,8 +252,15 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         ListInput in = ListInputOf(c, shape, orders, tw, ranks, w, sharded);
         in.bounds = PieceBounds(c, in);
         ASSIGN_OR_RETURN(ListResult placed, PlaceListed(c, policy, in, w));
+        // The scheduler's working state (freed, partly in its threads' heaps) goes back
+        // before the table is built; for large plans (text compute, SEND and RECV: about
+        // three ops per text step).
+        size_t steps = 0;
+        for (const StageOrder& o : orders) steps += o.size();
+        if (3 * steps * shape.dp >= kReleaseFromOps) ReleaseFreeMemory();
         // W passes the list scheduler moved into gaps: the text ops in the order they ran.
         if (!placed.rank_orders.empty()) *seqs = ExpandStages(placed.rank_orders, shape, text_work);
+        placed.rank_orders.clear();
         vision = std::move(placed.vision);
         shards = std::move(placed.generator);
         ids.piece_f.resize(w.vision.size()), ids.piece_b.resize(w.vision.size());
@@ -268,6 +275,9 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
       break;
   }
   auto generator = PlaceGenerator(shape, w);
+  // The text sequences, built once the placement's working state is gone (unless the
+  // placement moved W passes: then from its orders, above).
+  if (seqs->empty()) *seqs = ExpandStages(orders, shape, text_work);
   return InsertModality(seqs, shape, w, ids, vision, generator, shards, b);
 }
 
@@ -457,8 +467,9 @@ StatusOr<Table> BuildPlan(const Config& c) {
     }
   }
 
-  std::vector<RankSeq> seqs = ExpandStages(orders, shape, text_work);
+  std::vector<RankSeq> seqs;  // per rank, its ops in order
   std::vector<ModalitySync> modality_sync;
+  if (!Multimodal(c)) seqs = ExpandStages(orders, shape, text_work);
   if (Multimodal(c)) {
     RETURN_IF_ERROR(AddModality(c, shape, batch, orders, tw, text_work, ranks, &b, &seqs));
     // FSDP: full gradients reduce-scattered over the job, full bf16 parameters gathered
@@ -485,7 +496,9 @@ StatusOr<Table> BuildPlan(const Config& c) {
       modality_sync.push_back(std::move(ms));
     }
   }
-  ReleaseFreeMemory();  // the placement's working state
+  size_t ops = 0;
+  for (const RankSeq& s : seqs) ops += s.size();
+  if (ops >= kReleaseFromOps) ReleaseFreeMemory();  // the placement's working state
   AddSendRecv(&seqs, shape, p2p_work);
   AddGradSync(&seqs, shape, c.training.zero_stage, sync, dp_group, modality_sync);
   RETURN_IF_ERROR(Link(std::move(seqs), &b));
@@ -505,7 +518,9 @@ StatusOr<Table> BuildPlan(const Config& c) {
   meta.megatron_flops_per_step = MegatronFlopsPerStep(c);
   meta.megatron_model_flops_per_step = MegatronFlopsPerStep(c, false);
   meta.config_yaml = c.resolved_yaml;
-  return b.Finish(std::move(meta));
+  StatusOr<Table> t = b.Finish(std::move(meta));
+  if (t.ok() && t->size() >= kReleaseFromOps) ReleaseFreeMemory();  // all but the table
+  return t;
 }
 
 }  // namespace pipeplan
