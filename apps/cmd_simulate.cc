@@ -62,7 +62,8 @@ Command MakeSimulateCommand() {
       TraceOptions to;
       to.ranks = o->trace_ranks, to.dp_replicas = o->trace_dp, to.source = "simulated";
       to.predicted_s = &sim->durations;
-      if (Status s = WriteTrace(o->trace, in->table, sim->timeline, MemoryCounters(sim->memory), to);
+      if (Status s =
+              WriteTrace(o->trace, in->table, sim->timeline, MemoryCounters(sim->memory), to);
           !s.ok())
         return Report(s);
     }

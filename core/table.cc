@@ -1,12 +1,12 @@
 #include "core/table.h"
 
-#include "core/memory.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <functional>
+
+#include "core/memory.h"
 
 namespace pipeplan {
 
@@ -95,7 +95,8 @@ StatusOr<Table> TableBuilder::Finish(PlanMeta meta) {
     for (Handle h : seq_[r]) {
       if (ops_.rank_[h] != static_cast<int32_t>(r))
         return Internal(fmt::format("op {} sequenced on rank {}", ops_.str(h), r));
-      if (id_of[h] != UINT32_MAX) return Internal(fmt::format("op {} sequenced twice", ops_.str(h)));
+      if (id_of[h] != UINT32_MAX)
+        return Internal(fmt::format("op {} sequenced twice", ops_.str(h)));
       in_order = in_order && h == next;
       id_of[h] = next++;
     }

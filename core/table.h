@@ -162,7 +162,7 @@ class Table {
   PlanMeta& mutable_meta() { return meta_; }
   std::vector<Work>& mutable_works() { return works_; }
   std::span<const uint32_t> dep_list() const { return deps_; }  // every op's deps, in op order
-  std::vector<uint32_t>& mutable_deps() { return deps_; }  // tests break tables by hand
+  std::vector<uint32_t>& mutable_deps() { return deps_; }       // tests break tables by hand
   std::vector<uint32_t>& mutable_dep_begin() { return dep_begin_; }
 
   size_t MemoryBytes() const;

@@ -4,9 +4,9 @@
 #include <sys/stat.h>
 
 #include <array>
-#include <span>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 
 #include "core/files.h"
 #include "core/memory.h"
@@ -153,7 +153,9 @@ void PutVarint(fmt::memory_buffer& out, uint64_t v) {
   out.push_back(static_cast<char>(v));
 }
 // Protobuf encodings of int32 (sign-extended to 64 bits), sint32 (zigzag) and uint32.
-uint64_t Int32(int32_t v) { return static_cast<uint64_t>(static_cast<int64_t>(v)); }
+uint64_t Int32(int32_t v) {
+  return static_cast<uint64_t>(static_cast<int64_t>(v));
+}
 uint64_t Sint32(int32_t v) {
   return (static_cast<uint32_t>(v) << 1) ^ static_cast<uint32_t>(v >> 31);
 }
@@ -244,15 +246,28 @@ Status StreamPb(const Table& t, Sink&& sink) {
   return sink(std::string_view(buf.data(), buf.size()));
 }
 
-}  // namespace
-
-std::string SerializePb(const Table& t) {
+// What a streaming writer (write(sink)) hands to its sink: one string, or a file.
+template <typename Writer>
+std::string Collect(Writer&& write) {
   std::string out;
-  (void)StreamPb(t, [&](std::string_view piece) {  // this sink never fails
+  (void)write([&](std::string_view piece) {  // this sink never fails
     out.append(piece);
     return Status::Ok();
   });
   return out;
+}
+template <typename Writer>
+Status WriteStreamed(const std::string& path, Writer&& write) {
+  OutputFile f;
+  RETURN_IF_ERROR(f.Open(path));
+  RETURN_IF_ERROR(write([&](std::string_view piece) { return f.Write(piece); }));
+  return f.Commit();
+}
+
+}  // namespace
+
+std::string SerializePb(const Table& t) {
+  return Collect([&](auto sink) { return StreamPb(t, sink); });
 }
 
 StatusOr<Table> ParsePb(const std::string& bytes) {
@@ -398,12 +413,7 @@ Status StreamJson(const Table& t, Sink&& sink) {
 }  // namespace
 
 std::string ToJson(const Table& t) {
-  std::string out;
-  (void)StreamJson(t, [&](std::string_view piece) {  // this sink never fails
-    out.append(piece);
-    return Status::Ok();
-  });
-  return out;
+  return Collect([&](auto sink) { return StreamJson(t, sink); });
 }
 
 namespace {
@@ -424,9 +434,7 @@ class JsonScan {
     if (p_ < s_.size() && s_[p_] == c) return ++p_, true;
     return false;
   }
-  Status Expect(char c) {
-    return Take(c) ? Status::Ok() : Error(fmt::format("expected '{}'", c));
-  }
+  Status Expect(char c) { return Take(c) ? Status::Ok() : Error(fmt::format("expected '{}'", c)); }
   // A string's text, valid until the next call (escapes are decoded by the JSON library).
   StatusOr<std::string_view> String() {
     Ws();
@@ -626,18 +634,10 @@ StatusOr<Table> FromJson(const std::string& text) {
 
 Status SavePlan(const Table& t, const std::string& path, PlanFormat format) {
   switch (format) {
-    case PlanFormat::kPb: {
-      OutputFile f;
-      RETURN_IF_ERROR(f.Open(path));
-      RETURN_IF_ERROR(StreamPb(t, [&](std::string_view piece) { return f.Write(piece); }));
-      return f.Commit();
-    }
-    case PlanFormat::kJson: {
-      OutputFile f;
-      RETURN_IF_ERROR(f.Open(path));
-      RETURN_IF_ERROR(StreamJson(t, [&](std::string_view piece) { return f.Write(piece); }));
-      return f.Commit();
-    }
+    case PlanFormat::kPb:
+      return WriteStreamed(path, [&](auto sink) { return StreamPb(t, sink); });
+    case PlanFormat::kJson:
+      return WriteStreamed(path, [&](auto sink) { return StreamJson(t, sink); });
     case PlanFormat::kTorchCsv:
     case PlanFormat::kTorchCsvComms:
       return Internal("a PyTorch CSV is written with ToTorchCsv (core/torch_csv.h)");

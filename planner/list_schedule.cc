@@ -6,11 +6,11 @@
 #include <atomic>
 #include <exception>
 #include <functional>
-#include <mutex>
-#include <thread>
 #include <limits>
+#include <mutex>
 #include <queue>
 #include <set>
+#include <thread>
 #include <tuple>
 
 namespace pipeplan {
@@ -864,7 +864,8 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
     }
     std::lock_guard<std::mutex> lock(mu);
     best.passes += mine.passes;
-    if (mine.makespan_s < best.makespan_s || (mine.makespan_s == best.makespan_s && a < best_index)) {
+    if (mine.makespan_s < best.makespan_s ||
+        (mine.makespan_s == best.makespan_s && a < best_index)) {
       best_index = a;
       best.makespan_s = mine.makespan_s;
       best.vision = std::move(mine.vision);

@@ -1,11 +1,10 @@
 #include "planner/plan.h"
 
-#include "core/memory.h"
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "core/memory.h"
 #include "planner/data.h"
 #include "planner/list_schedule.h"
 #include "planner/lower.h"

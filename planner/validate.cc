@@ -2,11 +2,11 @@
 
 #include <fmt/format.h>
 
-#include <boost/graph/adjacency_list.hpp>
-#include <boost/graph/depth_first_search.hpp>
+#include <algorithm>
 #include <array>
 #include <bit>
-#include <algorithm>
+#include <boost/graph/adjacency_list.hpp>
+#include <boost/graph/depth_first_search.hpp>
 #include <tuple>
 
 #include "simulator/engine.h"
@@ -317,8 +317,13 @@ Status CheckModality(const Table& t) {
   // ids (the key is read from the table's columns).
   using Key = std::tuple<int32_t, int, int, int32_t, int32_t, int32_t, int32_t>;
   auto key_of = [&](OpId i) {
-    return Key{t.rank(i),  static_cast<int>(t.module(i)), static_cast<int>(t.kind(i)), t.chunk(i),
-               t.mb(i),    t.task(i),                     t.piece(i)};
+    return Key{t.rank(i),
+               static_cast<int>(t.module(i)),
+               static_cast<int>(t.kind(i)),
+               t.chunk(i),
+               t.mb(i),
+               t.task(i),
+               t.piece(i)};
   };
   auto hash = [](const Key& k) {
     uint64_t h = 0x9e3779b97f4a7c15ull;
@@ -349,7 +354,8 @@ Status CheckModality(const Table& t) {
   }
   auto find = [&](int32_t rank, Module mod, OpKind k, int32_t chunk, int32_t mb, int32_t task,
                   int32_t piece = -1) {
-    return at[slot_of(Key{rank, static_cast<int>(mod), static_cast<int>(k), chunk, mb, task, piece})];
+    return at[slot_of(
+        Key{rank, static_cast<int>(mod), static_cast<int>(k), chunk, mb, task, piece})];
   };
   // A text op; a backward split into bucket pieces: its first piece (which takes the
   // gradient) or, with `last_piece`, its last (which produces the input gradient).

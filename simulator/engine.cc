@@ -1,7 +1,5 @@
 #include "simulator/engine.h"
 
-#include "core/memory.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -9,6 +7,8 @@
 #include <cmath>
 #include <map>
 #include <unordered_map>
+
+#include "core/memory.h"
 
 namespace pipeplan {
 namespace {
@@ -267,8 +267,8 @@ StatusOr<EngineIndex> IndexForEngine(const Table& t) {
     const OpId first = ix.inst_members[ix.inst_begin[c]];
     const size_t size = t.group(t.peer(first)).size();
     if (count[c] != size)
-      return InvalidPlan(fmt::format("{}: {} of the group's {} ranks take part", t.str(first),
-                                     count[c], size));
+      return InvalidPlan(
+          fmt::format("{}: {} of the group's {} ranks take part", t.str(first), count[c], size));
   }
   return ix;
 }

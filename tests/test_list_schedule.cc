@@ -258,3 +258,11 @@ TEST_CASE("policies: nested is no slower than decoupled and optimus, bubble-fill
     CHECK(step["bubble-fill"] <= step["nested"]);
   }
 }
+
+TEST_CASE("list-scheduled plans are the same on every run (alternatives run on threads)") {
+  for (const char* policy : {"bubble-fill", "nested"}) {
+    CAPTURE(policy);
+    const Table first = Plan(MultimodalConfig(policy));
+    for (int run = 0; run < 3; ++run) CHECK(Plan(MultimodalConfig(policy)) == first);
+  }
+}

@@ -2,9 +2,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/files.h"
 #include "core/table_io.h"
 #include "core/torch_csv.h"
 #include "helpers.h"
+#include "plan.pb.h"
 
 using namespace pipeplan;
 using namespace pipeplan::test;
@@ -83,4 +85,70 @@ TEST_CASE("plan files with inconsistent metadata or work are rejected") {
         "a work entry has a negative or non-finite amount");
   CHECK(bad([](auto& j) { j["ops"][1]["deps"] = {1000000}; }) ==
         "dependency on op 1000000 which does not exist");
+}
+
+TEST_CASE("the streamed writers give what the libraries write for the same document") {
+  Table t = Plan(MultimodalConfig("bubble-fill"));
+  // JSON: the hand-written ops layout is the JSON library's dump with one space of indent.
+  const std::string js = ToJson(t);
+  CHECK(nlohmann::json::parse(js).dump(1) + "\n" == js);
+  // Protobuf: the generated message parses the bytes and writes them back unchanged.
+  proto::Plan p;
+  const std::string pb = SerializePb(t);
+  REQUIRE(p.ParseFromString(pb));
+  CHECK(p.ops().rank_size() == static_cast<int>(t.size()));
+  CHECK(p.SerializeAsString() == pb);
+}
+
+TEST_CASE("JSON plans: any layout and escapes read, bad op values refused") {
+  Table t = Plan(SmallConfig(PipelineKind::k1F1B, 2, 1, 2));
+  nlohmann::json doc = nlohmann::json::parse(ToJson(t));
+  auto read = [](const nlohmann::json& j) { return FromJson(j.dump()); };  // compact layout
+  auto same = read(doc);
+  REQUIRE_MESSAGE(same.ok(), same.status().message());
+  CHECK(*same == t);
+  // An op string with escapes, and a key of a later version inside an op.
+  std::string text = doc.dump();
+  const size_t at = text.find("\"r0 F");
+  REQUIRE(at != std::string::npos);
+  text.replace(at, 5, "\"\\u0072\\u0030 F");
+  text.replace(text.find("\"work\""), 6, "\"later\": [1, {\"x\": \"]\"}], \"work\"");
+  auto escaped = FromJson(text);
+  REQUIRE_MESSAGE(escaped.ok(), escaped.status().message());
+  CHECK(*escaped == t);
+  for (const char* bad : {"-1", "1.5", "4294967296", "\"3\"", "01"}) {
+    CAPTURE(bad);
+    std::string b = doc.dump();
+    const size_t w = b.find("\"work\":") + 7;
+    b.replace(w, b.find_first_of(",}", w) - w, bad);
+    auto r = FromJson(b);
+    REQUIRE(!r.ok());
+    CHECK(r.status().message().find("not a pipeplan JSON plan") != std::string::npos);
+  }
+  nlohmann::json no_op = doc;
+  no_op["ops"][0].erase("op");
+  CHECK(!read(no_op).ok());
+  nlohmann::json no_ops = doc;
+  no_ops.erase("ops");
+  CHECK(!read(no_ops).ok());
+}
+
+TEST_CASE("an output file replaces nothing until committed, and gzips on the way") {
+  const std::string dir = TempDir(), path = dir + "/out.txt";
+  {
+    OutputFile f;
+    REQUIRE(f.Open(path).ok());
+    REQUIRE(f.Write("half").ok());
+  }  // never committed
+  CHECK(!Exists(path));
+  CHECK(RunShell("ls " + dir).out.find("tmp") == std::string::npos);  // no temp file left
+  std::string big;
+  for (int i = 0; i < 200000; ++i) big += "line " + std::to_string(i) + "\n";
+  OutputFile f;
+  REQUIRE(f.Open(path + ".gz", true).ok());
+  REQUIRE(f.Write(std::string_view(big).substr(0, 12345)).ok());
+  REQUIRE(f.Write(std::string_view(big).substr(12345)).ok());
+  REQUIRE(f.Commit().ok());
+  CHECK(f.bytes_written() == big.size());
+  CHECK(RunShell("gzip -dc " + path + ".gz").out == big);
 }
