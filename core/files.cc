@@ -13,24 +13,6 @@
 
 namespace pipeplan {
 
-StatusOr<std::string> Gzip(std::string_view data) {
-  z_stream z{};
-  // windowBits 15 + 16: a gzip header and trailer around the deflate stream.
-  if (deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
-    return Internal("zlib: deflateInit2 failed");
-  std::string out(deflateBound(&z, data.size()) + 64, '\0');
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
-  z.avail_in = static_cast<uInt>(data.size());
-  z.next_out = reinterpret_cast<Bytef*>(out.data());
-  z.avail_out = static_cast<uInt>(out.size());
-  const int rc = deflate(&z, Z_FINISH);
-  const size_t n = z.total_out;
-  deflateEnd(&z);
-  if (rc != Z_STREAM_END) return Internal("zlib: deflate did not finish");
-  out.resize(n);
-  return out;
-}
-
 StatusOr<std::string> ReadFile(const std::string& path) {
   FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr)
@@ -97,8 +79,8 @@ OutputFile::~OutputFile() {
     deflateEnd(static_cast<z_stream*>(z_));
     delete static_cast<z_stream*>(z_);
   }
-  if (f_ != nullptr && !direct_) {
-    std::fclose(f_);
+  if (f_ != nullptr && f_ != stdout) std::fclose(f_);
+  if (f_ != nullptr && !direct_) {  // never committed: no half-written file
     std::remove(tmp_.c_str());
     g_tmp_live = 0;
   }

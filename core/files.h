@@ -43,7 +43,5 @@ class OutputFile {
   void* z_ = nullptr;  // z_stream while gzipping
   size_t bytes_ = 0;
 };
-// gzip (RFC 1952) of `data`, as gzip -6 writes it.
-StatusOr<std::string> Gzip(std::string_view data);
 
 }  // namespace pipeplan
