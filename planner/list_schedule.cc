@@ -773,7 +773,7 @@ std::vector<std::vector<GeneratorPlacement>> Pass::GeneratorPlacements() const {
 
 // Runs f(0..n-1) on up to one thread per core (the calling thread among them); an
 // exception in one (out of memory) is rethrown here once all have stopped.
-Status RunParallel(size_t n, const std::function<void(size_t)>& f) {
+void RunParallel(size_t n, const std::function<void(size_t)>& f) {
   std::atomic<size_t> next{0};
   std::exception_ptr error;
   std::mutex mu;
@@ -798,7 +798,6 @@ Status RunParallel(size_t n, const std::function<void(size_t)>& f) {
   worker();
   for (auto& th : threads) th.join();
   if (error) std::rethrow_exception(error);
-  return Status::Ok();
 }
 
 }  // namespace
@@ -873,7 +872,7 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
       best.rank_orders = std::move(mine.rank_orders);
     }
   };
-  RETURN_IF_ERROR(RunParallel(alternatives.size(), run));
+  RunParallel(alternatives.size(), run);
   for (const Status& s : status) RETURN_IF_ERROR(s);
   best.text_makespan_s = text.makespan();
   return best;
