@@ -18,8 +18,9 @@ constexpr uint32_t kNone = UINT32_MAX;
 
 class Engine {
  public:
-  Engine(const Table& t, const std::vector<double>& dur, const EngineIndex& index, Timeline reuse)
-      : t_(t), dur_(dur), ix_(index), tl_(std::move(reuse)) {}
+  Engine(const Table& t, const std::vector<double>& dur, const EngineIndex& index, Timeline reuse,
+         const Module* without)
+      : t_(t), dur_(dur), ix_(index), tl_(std::move(reuse)), without_(without) {}
 
   StatusOr<Timeline> Run() {
     const size_t n = t_.size();
@@ -30,6 +31,9 @@ class Engine {
     ResizeHuge(tl_.end, n);
     ResizeHuge(state_, n);
     std::fill(state_.begin(), state_.end(), kIdle);
+    if (without_ != nullptr)  // absent: done at time 0, nothing waits for them
+      for (OpId i = 0; i < n; ++i)
+        if (t_.module(i) == *without_) Finish(i, 0, 0);
     const size_t C = ix_.inst_begin.size() - 1;
     posted_.assign(C, 0);
     ready_.assign(C, 0.0);
@@ -127,7 +131,7 @@ class Engine {
           Finish(i, std::max(stream_end, deps), dur_[i]);
       }
       if (state_[i] != kDone) return progress;
-      stream_end = tl_.end[i];
+      stream_end = std::max(stream_end, tl_.end[i]);  // an absent op ended at 0
       ++i;
       progress = true;
     }
@@ -182,7 +186,7 @@ class Engine {
         Post(i, std::max(stream_end, deps), r);
       }
       if (state_[i] != kDone) return progress;
-      stream_end = tl_.end[i];
+      stream_end = std::max(stream_end, tl_.end[i]);  // an absent op ended at 0
       ++i;
       progress = true;
     }
@@ -218,6 +222,7 @@ class Engine {
   const std::vector<double>& dur_;
   const EngineIndex& ix_;
   Timeline tl_;
+  const Module* without_;
   std::vector<uint8_t> state_;
   std::vector<uint32_t> posted_;  // per instance: members posted
   std::vector<double> ready_;     // per instance: latest post time
@@ -277,7 +282,14 @@ StatusOr<Timeline> Simulate(const Table& t, const std::vector<double>& durations
                             const EngineIndex& index, Timeline reuse) {
   if (durations.size() != t.size() || index.partner.size() != t.size())
     return Internal("durations or index do not match the table");
-  return Engine(t, durations, index, std::move(reuse)).Run();
+  return Engine(t, durations, index, std::move(reuse), nullptr).Run();
+}
+
+StatusOr<Timeline> SimulateWithout(const Table& t, const std::vector<double>& durations,
+                                   const EngineIndex& index, Module without, Timeline reuse) {
+  if (durations.size() != t.size() || index.partner.size() != t.size())
+    return Internal("durations or index do not match the table");
+  return Engine(t, durations, index, std::move(reuse), &without).Run();
 }
 
 StatusOr<Timeline> Simulate(const Table& t, const std::vector<double>& durations) {

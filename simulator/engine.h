@@ -42,6 +42,11 @@ StatusOr<Timeline> Simulate(const Table& t, const std::vector<double>& durations
 // timeline) hold the result.
 StatusOr<Timeline> Simulate(const Table& t, const std::vector<double>& durations,
                             const EngineIndex& index, Timeline reuse = {});
+// The same plan with one module's ops absent: they count as done at time 0, so no stream
+// waits behind them and no op waits for them (their SEND/RECV and collectives are all of
+// that module). The step of the other modules alone, in the plan's own order.
+StatusOr<Timeline> SimulateWithout(const Table& t, const std::vector<double>& durations,
+                                   const EngineIndex& index, Module without, Timeline reuse = {});
 
 // Critical path: from the op that ends last, back through the constraint that set each
 // start. Returns op ids in time order.

@@ -31,22 +31,20 @@ std::array<double, 3> MinMeanMax(const std::vector<double>& v) {
           *std::max_element(v.begin(), v.end())};
 }
 
-// Exposed seconds and hidden fraction of one module (see Metrics); {-1, -1} if the plan
-// has none of it.
+// Exposed seconds and hidden fraction of one module (see Metrics): the step against the
+// same plan without the module's ops (SimulateWithout); {-1, -1} if the plan has none of it.
 StatusOr<std::pair<double, double>> Exposure(const Table& t, const EngineIndex& index,
                                              const std::vector<double>& dur, double step,
                                              Module module, Timeline* scratch) {
-  std::vector<double> without = dur;
   double busy = 0;
   bool any = false;
   for (OpId i = 0; i < t.size(); ++i) {
     if (t.module(i) != module) continue;
     any = true;
     if (IsCompute(t.kind(i))) busy += dur[i];
-    without[i] = 0;
   }
   if (!any) return std::pair{-1.0, -1.0};
-  ASSIGN_OR_RETURN(*scratch, Simulate(t, without, index, std::move(*scratch)));
+  ASSIGN_OR_RETURN(*scratch, SimulateWithout(t, dur, index, module, std::move(*scratch)));
   const double exposed = std::max(0.0, step - scratch->Makespan());
   const double mean = busy / std::max(1, t.num_ranks());
   return std::pair{exposed, mean > 0 ? std::clamp(1 - exposed / mean, 0.0, 1.0) : 1.0};

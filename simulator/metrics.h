@@ -47,8 +47,9 @@ struct Metrics {
 
   // Lower bound of the step: the busiest rank's compute (no schedule can be faster), s.
   double lower_bound_s = 0;
-  // Modalities (-1 when the plan has none). Exposed: step - the same plan with that
-  // module's op durations (compute and transfers) set to zero, s. Hidden fraction:
+  // Modalities (-1 when the plan has none). Exposed: step - the step of the same plan
+  // without that module's ops (SimulateWithout: none runs, nothing waits for one), s.
+  // Hidden fraction:
   // 1 - exposed / the mean over ranks of that module's compute seconds (clamped to [0, 1]).
   double vision_exposed_s = -1;
   double vision_hidden_fraction = -1;

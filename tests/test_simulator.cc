@@ -131,3 +131,33 @@ TEST_CASE("critical path ends at the last op and starts at time zero") {
   CHECK(path.back() == "r0 B c0 m7");
   CHECK(path.size() > 16);
 }
+
+TEST_CASE("a plan without one module: its ops are absent, nothing waits behind or for them") {
+  // Two replicas of one stage. r0 runs an encoder forward between its text forwards that
+  // (by an explicit dependency) waits for r1's second forward, which ends at 2 s.
+  std::vector<std::vector<std::string>> ops = {{"r0 F c0 m0", "r0 vision.F m0 t0", "r0 F c0 m1"},
+                                               {"r1 F c0 m0", "r1 F c0 m1"}};
+  const Table base = TableFromOps(ops, 1, 1, 2);
+  const Table t = WithDep(base, 1, 4);
+  REQUIRE(t.module(1) == Module::kVision);
+  const std::vector<double> dur(t.size(), 1.0);
+  auto index = IndexForEngine(t);
+  REQUIRE(index.ok());
+  auto with = Simulate(t, dur, *index);
+  REQUIRE(with.ok());
+  CHECK(with->Makespan() == doctest::Approx(4));  // F [0,1], wait, vision [2,3], F [3,4]
+  // Zero-length encoder work still holds r0's stream until 2 s: not the plan without it.
+  std::vector<double> zero = dur;
+  zero[1] = 0;
+  auto zeroed = Simulate(t, zero, *index);
+  REQUIRE(zeroed.ok());
+  CHECK(zeroed->Makespan() == doctest::Approx(3));
+  auto without = SimulateWithout(t, dur, *index, Module::kVision);
+  REQUIRE(without.ok());
+  CHECK(without->Makespan() == doctest::Approx(2));
+  CHECK(without->start[2] == doctest::Approx(1));
+  // Absent ops of another module change nothing.
+  auto no_gen = SimulateWithout(t, dur, *index, Module::kGenerator);
+  REQUIRE(no_gen.ok());
+  CHECK(no_gen->Makespan() == doctest::Approx(4));
+}
