@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs the Debian packages pipeplan needs, only those that are missing.
+# Installs the Debian packages pipeplan needs, only those that are missing; arguments name
+# more packages a script needs besides (scripts/fuzz.sh: clang and its fuzzer runtime).
 set -euo pipefail
-pkgs=(cmake g++ make libcli11-dev libfmt-dev nlohmann-json3-dev libboost-graph-dev
+pkgs=("$@"
+      cmake g++ make libcli11-dev libfmt-dev nlohmann-json3-dev libboost-graph-dev
       libprotobuf-dev protobuf-compiler doctest-dev libyaml-cpp-dev libbenchmark-dev zlib1g-dev
       libopenmpi-dev openmpi-bin slurm-wlm munge  # multi-process runs and their test
       python3)                                    # scripts/repro.py (a test runs it)
