@@ -98,6 +98,19 @@ int RunMultiProcess(const ExecOptions& o, const Table& t, int rank, int world) {
   ro.op_timeout_s = o.timeout_s;
   ro.fault_rank = o.fault_rank;
   ro.fault_kill = o.fault_kill;
+  // Each process journals its ops to TRACE.rank<r>.json as they end: if it is killed (the
+  // launcher cancels the whole job when one process dies), that file is its partial trace.
+  std::unique_ptr<TraceJournal> journal;
+  if (!o.trace.empty()) {
+    const int me = MpiRank();
+    auto j = TraceJournal::Open(fmt::format("{}.rank{}.json", o.trace, me), t, me);
+    if (!j.ok()) {
+      Report(j.status());
+      MpiAbort(2);
+    }
+    journal = std::move(j).value();
+    ro.on_op_done = [&](OpId i, double start, double end) { journal->Append(i, start, end); };
+  }
   Timeline own;
   auto r = RunCpuMpi(t, ro, o.check, &own);
   if (!r.ok()) {
@@ -105,9 +118,10 @@ int RunMultiProcess(const ExecOptions& o, const Table& t, int rank, int world) {
     int me = rank;  // the rank whose ops ran
     for (OpId i = 0; i < own.start.size(); ++i)
       if (own.start[i] >= 0) me = t.rank(i);
-    WritePartialTrace(o.trace, t, own, fmt::format("rank{}", me));
+    WritePartialTrace(o.trace, t, own, fmt::format("rank{}", me));  // replaces the journal
     MpiAbort(r.status().code() == ErrorCode::kInvalidInput ? 2 : 1);
   }
+  if (journal) journal->Remove();
   int code = 0;
   if (r->rank == 0) {
     if (!o.trace.empty()) {

@@ -268,4 +268,46 @@ StatusOr<size_t> WriteChromeTrace(const std::string& path, const Table& t, const
   return f.bytes_written();
 }
 
+StatusOr<std::unique_ptr<TraceJournal>> TraceJournal::Open(const std::string& path, const Table& t,
+                                                           int32_t rank) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return InvalidInput(fmt::format("{}: cannot write the trace journal", path));
+  std::unique_ptr<TraceJournal> j(new TraceJournal(t, path, f));
+  fmt::memory_buffer buf;
+  fmt::format_to(fmt::appender(buf),
+                 R"([{{"ph":"M","name":"process_name","pid":{},"args":{{"name":)", rank);
+  Quote(buf, fmt::format("rank {} (journal: ops as they ended)", rank));
+  buf.append(std::string_view("}},\n"));
+  std::fwrite(buf.data(), 1, buf.size(), f);
+  std::fflush(f);
+  return j;
+}
+
+void TraceJournal::Append(OpId i, double start_s, double end_s) {
+  if (f_ == nullptr) return;
+  fmt::memory_buffer buf;
+  const int64_t start = Ns(start_s), end = std::max(start, Ns(end_s));
+  buf.append(std::string_view(R"({"ph":"X","name":)"));
+  Quote(buf, t_.str(i));
+  fmt::format_to(fmt::appender(buf), R"(,"cat":"{}","pid":{},"tid":0,"ts":)",
+                 ModuleName(t_.module(i)), t_.rank(i));
+  Us(buf, start);
+  buf.append(std::string_view(",\"dur\":"));
+  Us(buf, end - start);
+  fmt::format_to(fmt::appender(buf), R"(,"args":{{"module":"{}","kind":"{}"}}}},)",
+                 ModuleName(t_.module(i)), KindName(t_.kind(i)));
+  buf.push_back('\n');
+  std::fwrite(buf.data(), 1, buf.size(), f_);
+  std::fflush(f_);  // in the kernel's hands now: survives the process
+}
+
+void TraceJournal::Remove() {
+  if (f_ != nullptr) std::fclose(f_), f_ = nullptr;
+  std::remove(path_.c_str());
+}
+
+TraceJournal::~TraceJournal() {
+  if (f_ != nullptr) std::fclose(f_);
+}
+
 }  // namespace pipeplan

@@ -8,7 +8,9 @@
 // out (partial traces of failed runs).
 #pragma once
 
+#include <cstdio>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,5 +49,33 @@ std::string ChromeTrace(const Table& t, const Timeline& tl,
 // uncompressed bytes written.
 StatusOr<size_t> WriteChromeTrace(const std::string& path, const Table& t, const Timeline& tl,
                                   const std::vector<CounterTrack>& counters, const TraceOptions& o);
+
+// A trace written while a process runs its ops: Chrome's JSON array format, one complete
+// event per op appended and flushed to the file (write(2)) as the op ends, so a process
+// that dies (SIGKILL, a launcher cancelling the job) leaves the events of every op it
+// finished. The format lets the closing bracket be missing for exactly this; Perfetto,
+// chrome://tracing and `compare` read it. The final trace of a run is written atomically as
+// usual; a journal is the record of a run that did not get there.
+class TraceJournal {
+ public:
+  // Starts `path` (replacing it) for `rank`'s ops of `t`.
+  static StatusOr<std::unique_ptr<TraceJournal>> Open(const std::string& path, const Table& t,
+                                                      int32_t rank);
+  ~TraceJournal();
+  TraceJournal(const TraceJournal&) = delete;
+  TraceJournal& operator=(const TraceJournal&) = delete;
+  // Op i ran [start_s, end_s] (seconds from the run's start). Best effort: a failed write is
+  // not the run's failure.
+  void Append(OpId i, double start_s, double end_s);
+  // The run reached its end: the journal is not needed.
+  void Remove();
+
+ private:
+  TraceJournal(const Table& t, std::string path, std::FILE* f)
+      : t_(t), path_(std::move(path)), f_(f) {}
+  const Table& t_;
+  std::string path_;
+  std::FILE* f_;
+};
 
 }  // namespace pipeplan

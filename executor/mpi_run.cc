@@ -126,6 +126,12 @@ bool MpiAvailable() {
   return true;
 }
 
+int MpiRank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
 void MpiFinalize() {
   int fin = 0;
   MPI_Finalized(&fin);

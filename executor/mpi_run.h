@@ -15,6 +15,8 @@ namespace pipeplan {
 
 // MPI_Init with the process's arguments; false if MPI is not built in.
 bool MpiAvailable();
+// This process's rank in MPI_COMM_WORLD (after MpiAvailable).
+int MpiRank();
 struct MpiResult {
   int rank = 0, world = 1;
   CheckResult check;

@@ -48,6 +48,7 @@ Status RunSequence(const Table& t, int32_t rank, const std::function<Status(OpId
       if (failed) *failed = i;
       return Status(s.code(), fmt::format("rank {}: {}: {}", rank, t.str(i), s.message()));
     }
+    if (o.on_op_done) o.on_op_done(i, measured->start[i], measured->end[i]);
   }
   return Status::Ok();
 }

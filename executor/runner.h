@@ -29,6 +29,9 @@ struct RunOptions {
   double op_timeout_s = 60;  // longest wait of one RECV or collective
   int32_t fault_rank = -1;   // testing: this rank fails at its first SEND (-1 = none)
   bool fault_kill = false;   // testing: ... by killing its own process (SIGKILL), as a crash
+  // Called as each op ends without error, with its times (seconds from the run's start):
+  // a trace journal (TraceJournal) keeps them where the process may die.
+  std::function<void(OpId, double start_s, double end_s)> on_op_done;
 };
 
 // Runs rank r's sequence, calling run_op for each op and timing it. On failure the error

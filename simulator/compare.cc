@@ -31,8 +31,21 @@ StatusOr<std::map<std::string, TraceOp>> ReadTraceOps(const std::string& text) {
   std::map<std::string, TraceOp> ops;
   RETURN_IF_ERROR(CheckJsonDepth(text));
   try {
-    auto j = nlohmann::json::parse(text);
-    for (const auto& e : j.at("traceEvents")) {
+    // The JSON object format, or the array format, whose closing bracket may be missing: a
+    // process that died while writing its trace journal (TraceJournal, one event per line)
+    // left it open, perhaps in the middle of its last line, which is dropped.
+    const size_t first = text.find_first_not_of(" \t\r\n");
+    const size_t last = text.find_last_not_of(" \t\r\n");
+    nlohmann::json j;
+    if (first != std::string::npos && text[first] == '[' && text[last] != ']') {
+      const size_t cut = text.rfind("},\n");
+      j = nlohmann::json::parse(cut == std::string::npos ? std::string("[]")
+                                                         : text.substr(0, cut + 1) + "]");
+    } else {
+      j = nlohmann::json::parse(text);
+    }
+    const nlohmann::json& events = j.is_array() ? j : j.at("traceEvents");
+    for (const auto& e : events) {
       if (e.value("ph", "") != "X") continue;
       TraceOp op;
       op.start_us = e.at("ts").get<double>(), op.dur_us = e.at("dur").get<double>();

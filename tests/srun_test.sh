@@ -35,15 +35,29 @@ ls "$dir"/fail.json.rank1.json >/dev/null 2>&1 || { echo "FAIL: no partial trace
 echo "srun: a failed rank stops the job (non-zero exit), partial trace written"
 
 # A process that dies (SIGKILL, as a crash or the OOM killer): the job stops with a
-# non-zero exit, never a hang. (Slurm's PMIx plugin cancels the step when a task dies and
-# kills the others at once: they keep no partial trace there.)
+# non-zero exit, never a hang. Slurm's PMIx plugin cancels the step when a task dies and
+# kills the others at once; each keeps the partial trace it journalled as its ops ended
+# (TRACE.rank<r>.json, Chrome's array format, readable by compare).
 start=$(date +%s)
 if out=$(timeout 120 srun --mpi=pmix -n 4 -O "$bin" execute "$dir/p.pb" --fault 2 --fault-kill --timeout 5 --trace "$dir/kill.json" 2>&1); then
   echo "FAIL: the run with a killed process exited 0: $out"; exit 1
 fi
 [ $(( $(date +%s) - start )) -lt 100 ] || { echo "FAIL: the killed run took too long: $out"; exit 1; }
 grep -q "task 2: Killed" <<<"$out" || { echo "FAIL: task 2 was not the one killed: $out"; exit 1; }
-echo "srun: a killed process stops the job (non-zero exit) in $(( $(date +%s) - start )) s"
+[ ! -e "$dir/kill.json" ] || { echo "FAIL: a merged trace of a killed run"; exit 1; }
+ran=0
+for r in 0 1 2 3; do
+  part="$dir/kill.json.rank$r.json"
+  [ -f "$part" ] || { echo "FAIL: rank $r left no partial trace"; exit 1; }
+  if cmp=$("$bin" compare "$dir/simulated.json" "$part" 2>&1); then
+    grep -q " 0 only measured" <<<"$cmp" || { echo "FAIL: rank $r's partial trace has unknown ops: $cmp"; exit 1; }
+    ran=$((ran + $(sed -n 's/^ops *\([0-9]*\) matched,.*/\1/p' <<<"$cmp")))
+  else  # killed before its first op ended: a journal with no op
+    grep -q "no op in common" <<<"$cmp" || { echo "FAIL: rank $r's partial trace does not read: $cmp"; exit 1; }
+  fi
+done
+[ "$ran" -gt 0 ] || { echo "FAIL: the partial traces hold no op"; exit 1; }
+echo "srun: a killed process stops the job (non-zero exit) in $(( $(date +%s) - start )) s; partial traces hold $ran ops"
 
 # --backend cuda under srun: one process per GPU over NCCL (NCCL's id through MPI). Where
 # there is no GPU, every process stops with a clear error and a non-zero exit, never a hang.

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -7,6 +8,7 @@
 #include "core/chrome_trace.h"
 #include "helpers.h"
 #include "planner/plan.h"
+#include "simulator/compare.h"
 
 using namespace pipeplan;
 using namespace pipeplan::test;
@@ -110,4 +112,29 @@ TEST_CASE("traces keep Perfetto's importer rules: zero-bubble and V schedules, m
               .exit_code == 0);
   CHECK(Slurp(dir + "/d.json.gz").substr(0, 2) == "\x1f\x8b");  // gzip magic
   CHECK(TraceFileRuleBroken(dir + "/d.json.gz") == "");
+}
+
+TEST_CASE("a trace journal keeps every op that ended, readable when its process died mid-write") {
+  const Table t = Plan(SmallConfig(PipelineKind::k1F1B, 2, 1, 2));
+  const std::string path = TempDir() + "/journal.json";
+  auto j = TraceJournal::Open(path, t, 0);
+  REQUIRE(j.ok());
+  const OpId a = t.rank_begin(0), b = a + 1;
+  (*j)->Append(a, 0.001, 0.002);
+  (*j)->Append(b, 0.002, 0.0035);
+  // As a killed process leaves it: no closing bracket (the file is not closed), and then a
+  // last line cut short.
+  const std::string text = Slurp(path);
+  for (const std::string& left : {text, text + R"({"ph":"X","name":"r0 F c0)"}) {
+    auto ops = ReadTraceOps(left);
+    REQUIRE_MESSAGE(ops.ok(), ops.status().message());
+    REQUIRE(ops->size() == 2);
+    CHECK(ops->at(t.str(a)).start_us == doctest::Approx(1000));
+    CHECK(ops->at(t.str(a)).dur_us == doctest::Approx(1000));
+    CHECK(ops->at(t.str(b)).start_us == doctest::Approx(2000));
+    CHECK(ops->at(t.str(b)).dur_us == doctest::Approx(1500));
+    CHECK(ops->at(t.str(b)).kind == std::string(KindName(t.kind(b))));
+  }
+  (*j)->Remove();
+  CHECK(!std::ifstream(path).good());
 }
