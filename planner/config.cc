@@ -287,6 +287,19 @@ void ReadModel(MapReader m, ModelConfig* c) {
   llm.Int({"heads", "num_attention_heads"}, &l.heads, 1, true);
   l.kv_heads = 0;
   llm.Int({"kv_heads", "num_query_groups"}, &l.kv_heads, 1);
+  // Megatron's switch for num_query_groups: without it, attention is multi-head.
+  bool gqa = false;
+  llm.Bool({"group_query_attention"}, &gqa);
+  if (m.ctx()->seen.count("model.llm.group_query_attention")) {
+    if (gqa && l.kv_heads == 0)
+      m.ctx()->FailAt("model.llm.group_query_attention",
+                      "group_query_attention needs num_query_groups (model.llm.kv_heads)");
+    if (!gqa && l.kv_heads != 0 && l.kv_heads != l.heads)
+      m.ctx()->FailAt("model.llm.kv_heads",
+                      fmt::format("kv_heads = {} but group_query_attention is false (Megatron "
+                                  "then ignores num_query_groups): drop one of them",
+                                  l.kv_heads));
+  }
   if (l.kv_heads == 0) l.kv_heads = l.heads;
   llm.Int({"vocab", "vocab_size"}, &l.vocab, 1, true);
   llm.Int({"head_dim", "kv_channels"}, &l.head_dim, 1);
@@ -296,6 +309,15 @@ void ReadModel(MapReader m, ModelConfig* c) {
                     fmt::format("hidden {} is smaller than heads {} (set model.llm.head_dim)",
                                 l.hidden, l.heads));
   llm.Bool({"gated_ffn", "swiglu"}, &l.gated_ffn);
+  llm.Bool({"tie_embeddings"}, &l.tie_embeddings);
+  bool untie = !l.tie_embeddings;
+  llm.Bool({"untie_embeddings_and_output_weights"}, &untie);  // Megatron's name, negated
+  if (m.ctx()->seen.count("model.llm.untie_embeddings_and_output_weights")) {
+    if (m.ctx()->seen.count("model.llm.tie_embeddings") && untie == l.tie_embeddings)
+      m.ctx()->FailAt("model.llm.untie_embeddings_and_output_weights",
+                      "contradicts model.llm.tie_embeddings");
+    l.tie_embeddings = !untie;
+  }
   MapReader moe = llm.Sub({"moe"});
   moe.Int({"experts", "num_experts"}, &l.moe.experts, 0);
   moe.Int({"top_k", "moe_router_topk"}, &l.moe.top_k, 0);
@@ -349,6 +371,7 @@ void ReadParallel(MapReader m, ParallelConfig* c) {
   m.String({"pipeline_model_parallel_layout", "layout"}, &c->layout);
   m.Int({"num_layers_in_first_pipeline_stage", "first_stage_layers"}, &c->first_stage_layers, 1);
   m.Int({"num_layers_in_last_pipeline_stage", "last_stage_layers"}, &c->last_stage_layers, 1);
+  m.Int({"num_layers_per_virtual_pipeline_stage"}, &c->layers_per_virtual_stage, 1);
   m.Finish();
 }
 
@@ -359,6 +382,17 @@ void ReadTraining(MapReader m, TrainingConfig* c) {
   m.Int({"microbatches", "num_microbatches"}, &c->microbatches, 1, false, 1 << 20);
   m.Enum({"recompute"}, &c->recompute, kRecomputeNames);
   m.Int({"zero_stage"}, &c->zero_stage, 0);
+  // Megatron's distributed optimizer shards the optimizer state over DP: ZeRO-1.
+  bool distributed = false;
+  m.Bool({"use_distributed_optimizer"}, &distributed);
+  if (m.ctx()->seen.count("training.use_distributed_optimizer")) {
+    if (!m.ctx()->seen.count("training.zero_stage"))
+      c->zero_stage = distributed ? 1 : 0;
+    else if (distributed != (c->zero_stage >= 1))
+      m.ctx()->FailAt("training.use_distributed_optimizer",
+                      fmt::format("use_distributed_optimizer: {} contradicts zero_stage: {}",
+                                  distributed, c->zero_stage));
+  }
   m.Bool({"sequence_parallel"}, &c->sequence_parallel);
   m.Enum({"precision"}, &c->precision, kPrecisionNames);
   m.Enum({"grad_reduce_dtype"}, &c->grad_reduce_dtype, kGradDtypeNames);
@@ -556,6 +590,25 @@ void CheckConsistency(Config* c, Ctx* ctx) {
   ParallelConfig& p = c->parallel;
   TrainingConfig& t = c->training;
   const LlmConfig& l = c->model.llm;
+  if (l.tie_embeddings && p.pp > 1)
+    return ctx->FailAt(
+        ctx->seen.count("model.llm.tie_embeddings")
+            ? "model.llm.tie_embeddings"
+            : "model.llm.untie_embeddings_and_output_weights",
+        "tied embeddings across pipeline stages are not modelled (Megatron all-reduces the "
+        "embedding gradient between the first and last stage every step): untie them, or pp 1");
+  if (p.layers_per_virtual_stage > 0) {  // Megatron's way of giving vp
+    const int64_t per_stage = static_cast<int64_t>(p.pp) * p.layers_per_virtual_stage;
+    const char* key = "parallelism.num_layers_per_virtual_pipeline_stage";
+    if (l.layers % per_stage != 0)
+      return ctx->FailAt(key, fmt::format("{} layers are not divisible by pp * {} = {}", l.layers,
+                                          p.layers_per_virtual_stage, per_stage));
+    const int vp = static_cast<int>(l.layers / per_stage);
+    if (ctx->seen.count("parallelism.vp") && p.vp != vp)
+      return ctx->FailAt(key, fmt::format("{} layers / (pp {} * {}) give vp = {}, but vp = {}",
+                                          l.layers, p.pp, p.layers_per_virtual_stage, vp, p.vp));
+    p.vp = vp;
+  }
   if (static_cast<int64_t>(c->cluster.nodes) * c->cluster.gpus_per_node > kMaxWorld)
     return ctx->FailAt("cluster.nodes", fmt::format("more than {} GPUs in all", kMaxWorld));
   if (static_cast<int64_t>(p.pp) * p.vp > kMaxParallel)

@@ -31,6 +31,9 @@ struct LlmConfig {
   int layers = 0, hidden = 0, ffn = 0, heads = 0, kv_heads = 0, vocab = 0;
   int head_dim = 0;       // 0 = hidden / heads
   bool gated_ffn = true;  // SwiGLU-style 3-matrix FFN
+  // The output layer reuses the embedding's weights (Megatron's default; pipeplan's is
+  // untied). Modelled where one stage holds both (pp 1): their parameters counted once.
+  bool tie_embeddings = false;
   MoeConfig moe;
 };
 
@@ -93,7 +96,8 @@ struct ParallelConfig {
   // counts of the first and last stage (the rest split evenly); 0 / empty: even.
   std::string layout;
   int first_stage_layers = 0, last_stage_layers = 0;
-  std::vector<StageSpan> stages;  // derived: pp*vp entries in global stage order
+  int layers_per_virtual_stage = 0;  // Megatron's alternative to vp; 0: vp as given
+  std::vector<StageSpan> stages;     // derived: pp*vp entries in global stage order
 };
 
 // Parses Megatron's pipeline_model_parallel_layout: stages separated by '|', in global

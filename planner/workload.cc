@@ -194,7 +194,7 @@ TextWorkload BuildTextWorkload(const Config& c) {
       f.kernels += 1;
     }
     if (span.loss) {  // final norm, vocab-parallel logits, fp32 softmax / cross-entropy
-      params += V * h / p.tp + h;
+      params += (l.tie_embeddings && span.embedding ? 0 : V * h / p.tp) + h;
       f.flops += 2 * T * h * V;
       f.model_flops += 2 * T * h * V;
       act += T * V * 4 / shard;                          // fp32 softmax kept for the backward

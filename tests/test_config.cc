@@ -2,6 +2,7 @@
 
 #include "helpers.h"
 #include "planner/config.h"
+#include "planner/workload.h"
 
 using namespace pipeplan;
 using namespace pipeplan::test;
@@ -197,4 +198,50 @@ TEST_CASE("every error of reading the keys is reported in one run") {
   CHECK(msg.find("'parallelism.tp' must be an integer, got 'two'") != std::string::npos);
   CHECK(msg.find("unknown key 'parallelism.ppp'") != std::string::npos);
   CHECK(msg.find("bad value '2f2b' for 'schedule.pipeline'") != std::string::npos);
+}
+
+TEST_CASE(
+    "Megatron's switches: virtual stages by layers, distributed optimizer, GQA, tied "
+    "embeddings") {
+  // vp from layers per virtual stage: 8 layers / (pp 4 x 1) = 2.
+  Config v = ParseYaml(kBase, {"parallelism.num_layers_per_virtual_pipeline_stage=1",
+                               "schedule.pipeline=interleaved-1f1b"});
+  CHECK(v.parallel.vp == 2);
+  CHECK(
+      ParseYaml(kBase, {"parallelism.num_layers_per_virtual_pipeline_stage=2", "parallelism.vp=1"})
+          .parallel.vp == 1);
+  CHECK(Error(kBase, {"parallelism.num_layers_per_virtual_pipeline_stage=3"})
+            .find("8 layers are not divisible by pp * 3 = 12") != std::string::npos);
+  CHECK(Error(kBase, {"parallelism.num_layers_per_virtual_pipeline_stage=1", "parallelism.vp=4"})
+            .find("give vp = 2, but vp = 4") != std::string::npos);
+  // The distributed optimizer is ZeRO-1; without it, none.
+  CHECK(ParseYaml(kBase, {"training.use_distributed_optimizer=true"}).training.zero_stage == 1);
+  CHECK(ParseYaml(kBase, {"training.use_distributed_optimizer=false"}).training.zero_stage == 0);
+  CHECK(Error(kBase, {"training.use_distributed_optimizer=false", "training.zero_stage=1"})
+            .find("use_distributed_optimizer: false contradicts zero_stage: 1") !=
+        std::string::npos);
+  // Grouped-query attention takes num_query_groups; without the switch, multi-head.
+  CHECK(ParseYaml(kBase, {"model.llm.group_query_attention=true", "model.llm.num_query_groups=2"})
+            .model.llm.kv_heads == 2);
+  CHECK(ParseYaml(kBase, {"model.llm.group_query_attention=false"}).model.llm.kv_heads == 4);
+  CHECK(Error(kBase, {"model.llm.group_query_attention=true"}).find("needs num_query_groups") !=
+        std::string::npos);
+  CHECK(Error(kBase, {"model.llm.group_query_attention=false", "model.llm.kv_heads=2"})
+            .find("kv_heads = 2 but group_query_attention is false") != std::string::npos);
+  // Tied embeddings: one copy of the vocab x hidden weights where one stage holds both.
+  const std::vector<std::string> one_stage = {"parallelism.pp=1", "parallelism.tp=1",
+                                              "cluster.gpus_per_node=1"};
+  std::vector<std::string> tied = one_stage, untied = one_stage;
+  tied.push_back("model.llm.untie_embeddings_and_output_weights=false");
+  untied.push_back("model.llm.untie_embeddings_and_output_weights=true");
+  const Config t = ParseYaml(kBase, tied), u = ParseYaml(kBase, untied);
+  CHECK(t.model.llm.tie_embeddings);
+  CHECK(!u.model.llm.tie_embeddings);
+  const double saved =
+      BuildTextWorkload(u).params_per_gpu[0] - BuildTextWorkload(t).params_per_gpu[0];
+  CHECK(saved == doctest::Approx(1000.0 * 256));  // vocab x hidden
+  CHECK(Error(kBase, {"model.llm.tie_embeddings=true"}).find("not modelled") != std::string::npos);
+  CHECK(Error(kBase, {"model.llm.tie_embeddings=true",
+                      "model.llm.untie_embeddings_and_output_weights=true"})
+            .find("contradicts model.llm.tie_embeddings") != std::string::npos);
 }
