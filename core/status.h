@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cassert>
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <utility>
@@ -50,15 +52,26 @@ class [[nodiscard]] StatusOr {
 
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
-  T& value() & { return *value_; }
-  const T& value() const& { return *value_; }
-  T&& value() && { return std::move(*value_); }
-  T* operator->() { return &*value_; }
-  const T* operator->() const { return &*value_; }
-  T& operator*() { return *value_; }
-  const T& operator*() const { return *value_; }
+  // The value of an error is a bug in the caller: it stops here, naming the error, instead
+  // of reading an empty optional.
+  T& value() & { return Get(); }
+  const T& value() const& { return const_cast<StatusOr*>(this)->Get(); }
+  T&& value() && { return std::move(Get()); }
+  T* operator->() { return &Get(); }
+  const T* operator->() const { return &const_cast<StatusOr*>(this)->Get(); }
+  T& operator*() { return Get(); }
+  const T& operator*() const { return const_cast<StatusOr*>(this)->Get(); }
 
  private:
+  T& Get() {
+    if (!value_) {
+      std::fprintf(stderr, "pipeplan: internal error: the value of a failed result: %s\n",
+                   status_.message().c_str());
+      std::abort();
+    }
+    return *value_;
+  }
+
   Status status_;
   std::optional<T> value_;
 };

@@ -248,7 +248,10 @@ StatusOr<MegatronImport> ImportMegatron(std::string_view script, const std::stri
   };
   const std::map<std::string, std::pair<std::string, std::string>> flags = {
       {"sequence-parallel", {"training.sequence_parallel", "true"}},
-      {"use-distributed-optimizer", {"training.zero_stage", "1"}},
+      {"use-distributed-optimizer", {"training.use_distributed_optimizer", "true"}},
+      {"group-query-attention", {"model.llm.group_query_attention", "true"}},
+      {"untie-embeddings-and-output-weights",
+       {"model.llm.untie_embeddings_and_output_weights", "true"}},
       {"overlap-grad-reduce", {"training.overlap_grad_reduce", "true"}},
       {"overlap-param-gather", {"training.overlap_param_gather", "true"}},
       {"swiglu", {"model.llm.gated_ffn", "true"}},
@@ -267,8 +270,6 @@ StatusOr<MegatronImport> ImportMegatron(std::string_view script, const std::stri
     } else if (auto f = flags.find(flag); f != flags.end()) {
       yaml[f->second.first] = f->second.second;
       flash = flash || flag == "use-flash-attn";
-    } else if (flag == "group-query-attention") {
-      // What it enables is --num-query-groups, mapped above.
     } else if (flag == "num-layers-per-virtual-pipeline-stage") {
       ASSIGN_OR_RETURN(layers_per_virtual, integer(flag, value));
     } else if (flag == "recompute-granularity") {
@@ -285,10 +286,12 @@ StatusOr<MegatronImport> ImportMegatron(std::string_view script, const std::stri
       auto v = integer(flag, value);
       int& to = flag == "nproc-per-node" ? gpus_per_node : nodes;
       const int given = flag == "nproc-per-node" ? o.gpus_per_node : o.nodes;
-      if (!v.ok() && value.find('$') == std::string::npos)  // unset variables get a note below
-        out.notes.push_back(fmt::format("--{} {}: not a number, not used", flag, value));
-      else if (given == 0 && to == 0)
+      if (!v.ok()) {
+        if (value.find('$') == std::string::npos)  // unset variables get a note below
+          out.notes.push_back(fmt::format("--{} {}: not a number, not used", flag, value));
+      } else if (given == 0 && to == 0) {
         to = static_cast<int>(*v);
+      }
     } else {
       out.ignored.push_back(value.empty() ? "--" + flag : "--" + flag + " " + value);
     }
@@ -307,8 +310,23 @@ StatusOr<MegatronImport> ImportMegatron(std::string_view script, const std::stri
         nodes = std::stoi(v);
     }
   }
+  if (yaml.count("model.llm.group_query_attention") && yaml.count("model.llm.kv_heads") == 0) {
+    yaml["model.llm.kv_heads"] = "1";  // Megatron's default --num-query-groups
+    out.notes.push_back("--group-query-attention without --num-query-groups: 1 KV head");
+  }
   if (yaml.count("model.llm.kv_heads") == 0 && yaml.count("model.llm.heads"))
     out.notes.push_back("no --num-query-groups: as many KV heads as attention heads");
+  if (!yaml.count("model.llm.untie_embeddings_and_output_weights")) {
+    // Megatron ties the output layer to the embedding unless told otherwise.
+    const bool one_stage = !yaml.count("parallelism.pp") || yaml["parallelism.pp"] == "1";
+    if (one_stage)
+      yaml["model.llm.tie_embeddings"] = "true";
+    else
+      out.notes.push_back(
+          "no --untie-embeddings-and-output-weights: Megatron ties them; planned untied (the "
+          "same memory with pp > 1; the embedding-gradient all-reduce between the first and "
+          "last stage is not modelled)");
+  }
   if (layers_per_virtual > 0) {
     // Megatron: vp = layers / pp / layers per virtual stage.
     const int64_t L = yaml.count("model.llm.layers") ? std::stoll(yaml["model.llm.layers"]) : 0;
