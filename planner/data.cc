@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
@@ -106,8 +107,11 @@ StatusOr<std::vector<Sample>> ReadManifest(const Config& c) {
       try {
         if (key == "id") continue;
         if (key == "text_tokens") {
-          s.text_tokens = value.get<int64_t>();
-          if (s.text_tokens < 0) return bad("'text_tokens' must be >= 0");
+          int tokens = 0;
+          if (!integer(value, 0, std::numeric_limits<int>::max(), &tokens))
+            return bad(fmt::format("'text_tokens' must be an integer in [0, {}]",
+                                   std::numeric_limits<int>::max()));
+          s.text_tokens = tokens;
         } else if (key == "images" || key == "videos") {
           const bool video = key == "videos";
           bool ok = value.is_array();

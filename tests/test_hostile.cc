@@ -76,6 +76,11 @@ TEST_CASE("manifests: nesting, integer ranges and generation targets are checked
   ExpectError(manifest("gen.jsonl", "{\"generate\": [100000000, 100000000]}"), 2,
               "bad value for 'generate'");
   ExpectError(manifest("video.jsonl", "{\"videos\": [[0, 10, 10]]}"), 2, "bad value for 'videos'");
+  // Found by scripts/fuzz.sh: a count beyond int64 arrives as a double.
+  ExpectError(manifest("huge.jsonl", "{\"text_tokens\": 1111111111111111111512}"), 2,
+              "'text_tokens' must be an integer in [0, 2147483647]");
+  ExpectError(manifest("float.jsonl", "{\"text_tokens\": 12.5}"), 2,
+              "'text_tokens' must be an integer");
 }
 
 TEST_CASE("calibration files made of aliases are refused, not expanded") {
