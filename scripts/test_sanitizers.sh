@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the test suite under AddressSanitizer + UndefinedBehaviorSanitizer into
-# build-asan/ (no CUDA: the GPU code is not what the sanitizers look at) and runs it.
-# Any report fails the run. Called by scripts/test.sh; PIPEPLAN_SANITIZERS=0 skips it.
+# build-asan/ and runs it, then the executor's threaded tests under ThreadSanitizer
+# (build-tsan/). No CUDA: the GPU code is not what the sanitizers look at. Any report fails
+# the run. Called by scripts/test.sh; PIPEPLAN_SANITIZERS=0 skips it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all"
@@ -12,3 +13,11 @@ cmake --build build-asan -j "$(nproc)" --target pipeplan pipeplan_tests
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ctest --test-dir build-asan --output-on-failure -j "$(nproc)" -E srun_multiprocess_check
+
+# Threads: the in-process transport, the runner's abort on a failed rank, the emulated NCCL
+# backend's processes-as-threads (RunLocal and friends), and the CLI's --local-ranks.
+tflags="-fsanitize=thread -fno-omit-frame-pointer"
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPIPEPLAN_WITH_CUDA=OFF \
+  -DCMAKE_CXX_FLAGS="$tflags" -DCMAKE_EXE_LINKER_FLAGS="$tflags" >/dev/null
+cmake --build build-tsan -j "$(nproc)" --target pipeplan_threaded_tests
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build-tsan/tests/pipeplan_threaded_tests
