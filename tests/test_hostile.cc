@@ -177,3 +177,23 @@ TEST_CASE("the gradient check's bound holds for deep models, and a wrong plan st
   CHECK(r->passed());
   CHECK(r->grad_tolerance < 1e-9);
 }
+
+TEST_CASE("outputs: SIGINT in the middle of a write leaves neither the file nor its temp") {
+  const std::string dir = TempDir();
+  // The gzipped trace of a plan of about 300k ops (a second or more of writing); the signal
+  // is sent as soon as the temp file appears.
+  const std::string cmd = fmt::format(
+      "{} simulate {} --set cluster.nodes=32 --set training.microbatches=64 --trace "
+      "{}/big.json.gz >/dev/null 2>&1 & pid=$!; seen=0; "
+      "while kill -0 $pid 2>/dev/null; do "
+      "  if ls {}/big.json.gz.tmp.* >/dev/null 2>&1; then kill -INT $pid; seen=1; break; fi; "
+      "  sleep 0.002; "
+      "done; wait $pid; echo \"seen=$seen rc=$?\"; ls {}",
+      PIPEPLAN_BIN, kDefault, dir, dir, dir);
+  RunResult r = RunShell(cmd);
+  CAPTURE(r.out);
+  REQUIRE_MESSAGE(r.out.find("seen=1") != std::string::npos,
+                  "the write ended before the signal was sent: make the plan larger");
+  CHECK(r.out.find("rc=130") != std::string::npos);  // ended by SIGINT, as asked
+  CHECK(r.out.find("big.json") == std::string::npos);
+}
