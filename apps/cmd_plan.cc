@@ -1,4 +1,5 @@
-// pipeplan plan CONFIG [-o FILE] [--format pb|json|torch-csv|torch-csv-comms] [--replica D]
+// pipeplan plan CONFIG [-o FILE] [--format pb|json|torch-csv|torch-csv-comms|chakra]
+//                     [--replica D]
 //                     [--set K=V]...
 #include <fmt/format.h>
 
@@ -7,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/common.h"
+#include "core/chakra.h"
 #include "core/files.h"
 #include "core/table_io.h"
 #include "core/torch_csv.h"
@@ -26,10 +28,12 @@ Command MakePlanCommand() {
   Command c;
   c.setup = [o](CLI::App* app) {
     app->add_option("config", o->config, "YAML config")->required();
-    app->add_option("-o,--output", o->output, "plan file to write (.pb, .json or .csv)");
+    app->add_option("-o,--output", o->output,
+                    "plan file to write (.pb, .json or .csv), or with chakra the prefix of the "
+                    "per-rank files PREFIX.<rank>.et");
     app->add_option("--format", o->format,
-                    "pb | json | torch-csv | torch-csv-comms (default: from the file name; .csv "
-                    "is torch-csv)");
+                    "pb | json | torch-csv | torch-csv-comms | chakra (default: from the file "
+                    "name; .csv is torch-csv, .et chakra)");
     app->add_option("--replica", o->replica,
                     "torch-csv: the DP replica whose ranks are written (one row per pp rank)")
         ->default_val(0);
@@ -42,6 +46,7 @@ Command MakePlanCommand() {
     auto table = BuildPlan(*config);
     if (!table.ok()) return Report(table.status());
     if (Status v = ValidatePlan(*table); !v.ok()) return Report(v);
+    std::string wrote = o->output;
     if (!o->output.empty()) {
       auto pf = o->format.empty() ? FormatFromPath(o->output) : ParsePlanFormat(o->format);
       if (!pf.ok()) return Report(pf.status());
@@ -59,6 +64,18 @@ Command MakePlanCommand() {
                      "warning: {} vision and generator ops are not in {} (PyTorch's schedule "
                      "has no action for them)\n",
                      left_out, o->output);
+      } else if (f == PlanFormat::kChakra) {
+        std::string prefix = o->output;
+        if (prefix.size() > 3 && prefix.compare(prefix.size() - 3, 3, ".et") == 0)
+          prefix.resize(prefix.size() - 3);
+        if (prefix == "-") return Report(InvalidInput("chakra: -o names a file prefix, not -"));
+        // Compute durations from the cost model (no contention: a network simulator such as
+        // ASTRA-sim times the communication itself).
+        auto written =
+            WriteChakraTraces(*table, prefix, SimOptionsFor(*config).cost.Durations(*table));
+        if (!written.ok()) return Report(written.status());
+        wrote = fmt::format("{}.<rank>.et ({} files, {:.1f} MiB)", prefix, table->num_ranks(),
+                            *written / 1048576.0);
       } else if (Status s = SavePlan(*table, o->output, f); !s.ok()) {
         return Report(s);
       }
@@ -88,7 +105,7 @@ Command MakePlanCommand() {
                           {"microbatches_per_replica", m.microbatches},
                           {"ops", t.size()},
                           {"ops_by_kind", by_kind},
-                          {"output", o->output}};
+                          {"output", wrote}};
       fmt::print(out, "{}\n", j.dump(1));
       return 0;
     }
@@ -98,7 +115,7 @@ Command MakePlanCommand() {
                m.microbatches * m.dp);
     fmt::print(out, "ops: {}\n", t.size());
     for (auto& [k, n] : by_kind) fmt::print(out, "  {:<22} {}\n", k, n);
-    if (!o->output.empty()) fmt::print(out, "wrote {}\n", o->output);
+    if (!wrote.empty()) fmt::print(out, "wrote {}\n", wrote);
     return 0;
   };
   return c;

@@ -24,7 +24,9 @@ Command MakeSimulateCommand() {
     app->add_option("input", o->input, "YAML config or plan file")->required();
     app->add_option("--set", o->sets, "override a config key: key.path=value (repeatable)");
     app->add_flag("--json", o->json, "print metrics as JSON");
-    app->add_option("--trace", o->trace, "write a Chrome trace (JSON) to this file");
+    app->add_option("--trace", o->trace,
+                    "write a trace: Chrome JSON (.json, .json.gz), or Perfetto protobuf "
+                    "(.pftrace, .pftrace.gz)");
     app->add_option("--trace-ranks", o->trace_ranks, "limit the trace to these ranks")
         ->delimiter(',');
     app->add_option("--trace-dp", o->trace_dp, "limit the trace to these DP replicas")

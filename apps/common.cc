@@ -7,6 +7,7 @@
 #include <system_error>
 
 #include "core/files.h"
+#include "core/perfetto_trace.h"
 #include "core/table_io.h"
 #include "planner/plan.h"
 
@@ -46,12 +47,20 @@ bool StderrIsTerminal() {
 
 Status WriteTrace(const std::string& path, const Table& t, const Timeline& tl,
                   const std::vector<CounterTrack>& counters, const TraceOptions& o) {
-  ASSIGN_OR_RETURN(size_t bytes, WriteChromeTrace(path, t, tl, counters, o));
+  auto ends = [&](std::string_view s) {
+    return path.size() >= s.size() && path.compare(path.size() - s.size(), s.size(), s) == 0;
+  };
+  const bool perfetto = ends(".pftrace") || ends(".pftrace.gz");
+  ASSIGN_OR_RETURN(size_t bytes, perfetto ? WritePerfettoTrace(path, t, tl, counters, o)
+                                          : WriteChromeTrace(path, t, tl, counters, o));
   if (bytes > kTraceWarnBytes)
     fmt::print(stderr,
-               "warning: the trace is {:.0f} MiB; --trace-ranks / --trace-dp keep fewer ranks, a "
-               ".json.gz name compresses it\n",
-               bytes / 1048576.0);
+               "warning: the trace is {:.0f} MiB; --trace-ranks / --trace-dp keep fewer ranks, "
+               "{}\n",
+               bytes / 1048576.0,
+               perfetto ? "a .pftrace.gz name compresses it"
+                        : "a .pftrace name (Perfetto's protobuf format) is about a third the size, "
+                          "a .json.gz name compresses it");
   return Status::Ok();
 }
 

@@ -22,7 +22,8 @@ struct Command {
 
 // Prints "pipeplan: error: ..." to stderr and returns the status's exit code.
 int Report(const Status& s);
-// Writes a Chrome trace (streamed; gzipped when the name ends in .gz); a warning on stderr
+// Writes a trace: Perfetto's protobuf format when the name ends in .pftrace, else Chrome's
+// JSON (streamed; gzipped when the name ends in .gz); a warning on stderr
 // when it is larger than kTraceWarnBytes (with how to make it smaller).
 inline constexpr size_t kTraceWarnBytes = size_t{256} << 20;
 Status WriteTrace(const std::string& path, const Table& t, const Timeline& tl,

@@ -9,16 +9,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/files.h"
+#include "core/trace_lanes.h"
 #include "core/version.h"
 
 namespace pipeplan {
-namespace {
-
-enum Track { kCompute = 0, kVision, kGenerator, kSend, kRecv, kColl, kNumTracks };
-constexpr const char* kTrackNames[kNumTracks] = {"compute", "vision",  "generator",
-                                                 "pp send", "pp recv", "collectives"};
-constexpr int kLanesPerTrack = 10000;  // tid = rank * kTidsPerRank + track * lanes + lane
-constexpr int64_t kTidsPerRank = int64_t{kNumTracks} * kLanesPerTrack;
+namespace trace {
 
 Track TrackOf(const Table& t, OpId i) {
   OpKind k = t.kind(i);
@@ -30,8 +25,67 @@ Track TrackOf(const Table& t, OpId i) {
   return kCompute;
 }
 
-bool Included(const std::vector<int32_t>& filter, int32_t v) {
-  return filter.empty() || std::find(filter.begin(), filter.end(), v) != filter.end();
+int64_t Ns(double seconds) {
+  return std::llround(seconds * 1e9);
+}
+
+std::string RankLabel(const Table& t, int32_t r) {
+  const RankInfo& ri = t.ranks()[r];
+  return fmt::format("rank {} [dp {} pp {}; {} GPUs from GPU {}]", r, ri.dp, ri.pp, ri.gpus,
+                     ri.first_gpu);
+}
+
+std::vector<uint8_t> IncludedRanks(const Table& t, const TraceOptions& o) {
+  auto included = [](const std::vector<int32_t>& filter, int32_t v) {
+    return filter.empty() || std::find(filter.begin(), filter.end(), v) != filter.end();
+  };
+  std::vector<uint8_t> include(t.num_ranks());
+  for (int32_t r = 0; r < t.num_ranks(); ++r)
+    include[r] = included(o.ranks, r) && included(o.dp_replicas, t.ranks()[r].dp);
+  return include;
+}
+
+Lanes AssignLanes(const Table& t, const Timeline& tl, const std::vector<uint8_t>& include) {
+  Lanes out;
+  out.lane.assign(t.size(), -1);
+  out.count.assign(t.num_ranks(), {});
+  std::vector<int64_t> lane_end[kNumTracks];
+  for (int32_t r = 0; r < t.num_ranks(); ++r) {
+    if (!include[r]) continue;
+    for (auto& l : lane_end) l.clear();
+    for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) {
+      if (tl.start[i] < 0) continue;
+      const Track tr = TrackOf(t, i);
+      const int64_t start = Ns(tl.start[i]), end = std::max(start, Ns(tl.end[i]));
+      auto& lanes = lane_end[tr];
+      size_t lane = 0;
+      while (lane < lanes.size() && lanes[lane] > start) ++lane;
+      if (lane == lanes.size()) {
+        if (lanes.size() == kMaxLanes)
+          lane = kMaxLanes - 1;  // never in practice
+        else
+          lanes.push_back(end);
+      }
+      lanes[lane] = std::max(lanes[lane], end);
+      out.lane[i] = static_cast<int32_t>(lane);
+    }
+    for (int tr = 0; tr < kNumTracks; ++tr)
+      out.count[r][tr] = static_cast<int32_t>(lane_end[tr].size());
+  }
+  return out;
+}
+
+}  // namespace trace
+
+namespace {
+
+using trace::kNumTracks;
+using trace::kTrackNames;
+using trace::Ns;
+constexpr int64_t kTidsPerRank = int64_t{kNumTracks} * trace::kMaxLanes;
+// tid = rank * kTidsPerRank + track * kMaxLanes + lane
+int64_t Tid(int32_t rank, int track, int32_t lane) {
+  return rank * kTidsPerRank + track * int64_t{trace::kMaxLanes} + lane;
 }
 
 // Appends `s` as a JSON string literal: quotes, and escapes for ", \ and control bytes
@@ -53,11 +107,6 @@ void Quote(fmt::memory_buffer& out, std::string_view s) {
   out.push_back('"');
 }
 
-// Times are written in whole nanoseconds (as microseconds with three decimals): Perfetto
-// rounds to nanoseconds on import, and slices that touch would otherwise overlap by one.
-int64_t Ns(double seconds) {
-  return std::llround(seconds * 1e9);
-}
 void Us(fmt::memory_buffer& out, int64_t ns) {
   fmt::format_to(fmt::appender(out), FMT_COMPILE("{}{}.{:03d}"), ns < 0 ? "-" : "",
                  std::abs(ns) / 1000, std::abs(ns) % 1000);
@@ -98,50 +147,26 @@ class TraceText {
 Status StreamChromeTrace(const Table& t, const Timeline& tl,
                          const std::vector<CounterTrack>& counters, const TraceOptions& o,
                          const std::function<Status(std::string_view)>& sink) {
-  std::vector<uint8_t> include(t.num_ranks());
-  for (int32_t r = 0; r < t.num_ranks(); ++r)
-    include[r] = Included(o.ranks, r) && Included(o.dp_replicas, t.ranks()[r].dp);
+  const std::vector<uint8_t> include = trace::IncludedRanks(t, o);
+  const trace::Lanes lanes = trace::AssignLanes(t, tl, include);
   TraceText out(sink);
   auto& buf = out.buf();
   out.Add("{{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
   auto ran = [&](OpId i) { return include[t.rank(i)] && tl.start[i] >= 0; };
-  std::vector<int64_t> tid_of(t.size(), -1);
   for (int32_t r = 0; r < t.num_ranks(); ++r) {
     if (!include[r]) continue;
-    const RankInfo& ri = t.ranks()[r];
     out.Event();
     out.Add(R"({{"ph":"M","name":"process_name","pid":{},"args":{{"name":)", r);
-    Quote(buf, fmt::format("rank {} [dp {} pp {}; {} GPUs from GPU {}]", r, ri.dp, ri.pp, ri.gpus,
-                           ri.first_gpu));
+    Quote(buf, trace::RankLabel(t, r));
     out.Add("}}}}");
     out.Event();
     out.Add(R"({{"ph":"M","name":"process_sort_index","pid":{},"args":{{"sort_index":{}}}}})", r,
             r);
-    // Lanes: an op goes to the first lane of its track that is free at its start (in whole
-    // nanoseconds), a new lane when none is: ops of one lane never overlap or nest.
-    std::vector<int64_t> lane_end[kNumTracks];
-    for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) {
-      if (tl.start[i] < 0) continue;
-      const Track tr = TrackOf(t, i);
-      const int64_t start = Ns(tl.start[i]), end = std::max(start, Ns(tl.end[i]));
-      auto& lanes = lane_end[tr];
-      size_t lane = 0;
-      while (lane < lanes.size() && lanes[lane] > start) ++lane;
-      if (lane == lanes.size()) {
-        if (lanes.size() == kLanesPerTrack)
-          lane = kLanesPerTrack - 1;  // never in practice
-        else
-          lanes.push_back(end);
-      }
-      lanes[lane] = std::max(lanes[lane], end);
-      tid_of[i] = r * kTidsPerRank + tr * int64_t{kLanesPerTrack} + static_cast<int64_t>(lane);
-    }
     for (int tr = 0; tr < kNumTracks; ++tr)
-      for (size_t lane = 0; lane < lane_end[tr].size(); ++lane) {
+      for (int32_t lane = 0; lane < lanes.count[r][tr]; ++lane) {
         const std::string name =
             lane ? fmt::format("{} #{}", kTrackNames[tr], lane + 1) : kTrackNames[tr];
-        const int64_t tid =
-            r * kTidsPerRank + tr * int64_t{kLanesPerTrack} + static_cast<int64_t>(lane);
+        const int64_t tid = Tid(r, tr, lane);
         out.Event();
         out.Add(R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":)", r, tid);
         Quote(buf, name);
@@ -149,7 +174,7 @@ Status StreamChromeTrace(const Table& t, const Timeline& tl,
         out.Event();
         out.Add(
             R"({{"ph":"M","name":"thread_sort_index","pid":{},"tid":{},"args":{{"sort_index":{}}}}})",
-            r, tid, tr * kLanesPerTrack + static_cast<int>(lane));
+            r, tid, tr * trace::kMaxLanes + lane);
       }
     RETURN_IF_ERROR(out.Flush());
   }
@@ -168,7 +193,7 @@ Status StreamChromeTrace(const Table& t, const Timeline& tl,
     put(R"(,"cat":)");
     Quote(buf, module);
     fmt::format_to(fmt::appender(buf), FMT_COMPILE(R"(,"pid":{},"tid":{},"ts":)"), t.rank(i),
-                   tid_of[i]);
+                   Tid(t.rank(i), trace::TrackOf(t, i), lanes.lane[i]));
     Us(buf, start);
     put(R"(,"dur":)");
     Us(buf, end - start);
@@ -205,12 +230,12 @@ Status StreamChromeTrace(const Table& t, const Timeline& tl,
     if (s == UINT32_MAX || !ran(s)) continue;
     out.Event();
     out.Add(R"({{"ph":"s","name":"p2p","cat":"p2p","id":{},"pid":{},"tid":{},"ts":)", t.tag(i),
-            t.rank(s), tid_of[s]);
+            t.rank(s), Tid(t.rank(s), trace::kSend, lanes.lane[s]));
     Us(buf, Ns(tl.start[s]));
     out.Add("}}");
     out.Event();
     out.Add(R"({{"ph":"f","bp":"e","name":"p2p","cat":"p2p","id":{},"pid":{},"tid":{},"ts":)",
-            t.tag(i), t.rank(i), tid_of[i]);
+            t.tag(i), t.rank(i), Tid(t.rank(i), trace::kRecv, lanes.lane[i]));
     Us(buf, Ns(tl.start[i]));
     out.Add("}}");
     RETURN_IF_ERROR(out.Flush());

@@ -123,8 +123,9 @@ StatusOr<PlanFormat> ParsePlanFormat(const std::string& name) {
   if (name == "json") return PlanFormat::kJson;
   if (name == "torch-csv") return PlanFormat::kTorchCsv;
   if (name == "torch-csv-comms") return PlanFormat::kTorchCsvComms;
+  if (name == "chakra") return PlanFormat::kChakra;
   return InvalidInput(fmt::format(
-      "unknown plan format '{}' (expected pb, json, torch-csv or torch-csv-comms)", name));
+      "unknown plan format '{}' (expected pb, json, torch-csv, torch-csv-comms or chakra)", name));
 }
 
 StatusOr<PlanFormat> FormatFromPath(const std::string& path) {
@@ -134,11 +135,12 @@ StatusOr<PlanFormat> FormatFromPath(const std::string& path) {
   if (ends(".json") || path == "-") return PlanFormat::kJson;
   if (ends(".csv")) return PlanFormat::kTorchCsv;
   if (ends(".pb")) return PlanFormat::kPb;
+  if (ends(".et")) return PlanFormat::kChakra;
   struct stat st;
   if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
     return PlanFormat::kPb;
   return InvalidInput(fmt::format(
-      "{}: cannot tell the plan format from the name (.pb, .json, .csv), say --format", path));
+      "{}: cannot tell the plan format from the name (.pb, .json, .csv, .et), say --format", path));
 }
 
 namespace {
@@ -641,6 +643,8 @@ Status SavePlan(const Table& t, const std::string& path, PlanFormat format) {
     case PlanFormat::kTorchCsv:
     case PlanFormat::kTorchCsvComms:
       return Internal("a PyTorch CSV is written with ToTorchCsv (core/torch_csv.h)");
+    case PlanFormat::kChakra:
+      return Internal("Chakra traces are written with WriteChakraTraces (core/chakra.h)");
   }
   return Internal("unknown plan format");
 }

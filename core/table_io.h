@@ -9,11 +9,12 @@
 
 namespace pipeplan {
 
-// kTorchCsv: compute actions only; kTorchCsvComms: with SEND/RECV actions.
-enum class PlanFormat { kPb, kJson, kTorchCsv, kTorchCsvComms };
+// kTorchCsv: compute actions only; kTorchCsvComms: with SEND/RECV actions; kChakra: one
+// Chakra execution trace per rank (core/chakra.h), the output name a prefix.
+enum class PlanFormat { kPb, kJson, kTorchCsv, kTorchCsvComms, kChakra };
 
 StatusOr<PlanFormat> ParsePlanFormat(const std::string& name);
-// By extension (.pb, .json, .csv); "-" is JSON; a device or FIFO protobuf; an error
+// By extension (.pb, .json, .csv, .et: Chakra); "-" is JSON; a device or FIFO protobuf; an error
 // for any other name (say --format).
 StatusOr<PlanFormat> FormatFromPath(const std::string& path);
 
@@ -22,7 +23,7 @@ StatusOr<Table> ParsePb(const std::string& bytes);
 std::string ToJson(const Table& t);
 StatusOr<Table> FromJson(const std::string& text);
 
-// Writes .pb or .json (a CSV format is an error: see core/torch_csv.h).
+// Writes .pb or .json (CSV and Chakra are an error: see core/torch_csv.h, core/chakra.h).
 Status SavePlan(const Table& t, const std::string& path, PlanFormat format);
 // Reads .pb or .json (detected from content); `path` names errors.
 StatusOr<Table> LoadPlan(const std::string& path);

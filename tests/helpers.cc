@@ -12,9 +12,11 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <tuple>
 
+#include "perfetto_trace.pb.h"
 #include "planner/lower.h"
 #include "planner/plan.h"
 
@@ -219,6 +221,98 @@ std::string TraceFileRuleBroken(const std::string& path) {
     return TraceRuleBroken(r.out);
   }
   return TraceRuleBroken(Slurp(path));
+}
+
+std::string PftraceRuleBroken(const std::string& path, PftraceCounts* counts) {
+  namespace pb = perfetto::protos;
+  const std::string bytes = Slurp(path);
+  size_t pos = 0;
+  auto varint = [&](uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; pos < bytes.size() && shift < 64; shift += 7) {
+      const auto c = static_cast<unsigned char>(bytes[pos++]);
+      *v |= uint64_t{c & 0x7fu} << shift;
+      if (c < 0x80) return true;
+    }
+    return false;
+  };
+  std::map<uint64_t, int> open;  // track uuid -> open slices
+  std::set<uint64_t> categories, arg_names;
+  std::map<uint64_t, int> flow_state;  // 1 started, 2 terminated
+  uint64_t last_ts = 0;
+  bool cleared = false;
+  *counts = {};
+  pb::TracePacket p;
+  for (size_t n = 0; pos < bytes.size(); ++n) {
+    uint64_t tag = 0, len = 0;
+    if (!varint(&tag) || tag != 0x0a || !varint(&len) || pos + len > bytes.size())
+      return fmt::format("packet {}: not a Trace.packet field", n);
+    if (!p.ParseFromArray(bytes.data() + pos, static_cast<int>(len)))
+      return fmt::format("packet {}: not a TracePacket", n);
+    pos += len;
+    if (p.sequence_flags() & 1) {
+      cleared = true;
+      for (const auto& c : p.interned_data().event_categories()) categories.insert(c.iid());
+      for (const auto& a : p.interned_data().debug_annotation_names()) arg_names.insert(a.iid());
+    }
+    if ((p.sequence_flags() & 2) && !cleared)
+      return fmt::format("packet {} needs interned data before any was sent", n);
+    if (p.has_track_descriptor()) {
+      const auto& d = p.track_descriptor();
+      if (open.count(d.uuid())) return fmt::format("track {} described twice", d.uuid());
+      if (d.has_parent_uuid() && !open.count(d.parent_uuid()))
+        return fmt::format("track {} has an undescribed parent {}", d.uuid(), d.parent_uuid());
+      open[d.uuid()] = 0;
+    }
+    if (!p.has_track_event()) continue;
+    const auto& e = p.track_event();
+    if (p.timestamp() < last_ts)
+      return fmt::format("packet {}: time {} ns before the previous {} ns", n, p.timestamp(),
+                         last_ts);
+    last_ts = p.timestamp();
+    auto track = open.find(e.track_uuid());
+    if (track == open.end())
+      return fmt::format("packet {}: event on undescribed track {}", n, e.track_uuid());
+    for (uint64_t c : e.category_iids())
+      if (!categories.count(c)) return fmt::format("packet {}: unknown category iid {}", n, c);
+    for (const auto& a : e.debug_annotations())
+      if (a.has_name_iid() && !arg_names.count(a.name_iid()))
+        return fmt::format("packet {}: unknown argument name iid {}", n, a.name_iid());
+    switch (e.type()) {
+      case pb::TrackEvent::TYPE_SLICE_BEGIN:
+        if (track->second != 0)
+          return fmt::format("{} at {} ns opens on track {} inside another slice", e.name(),
+                             p.timestamp(), e.track_uuid());
+        track->second = 1;
+        ++counts->slices;
+        counts->names.push_back(e.name());
+        for (uint64_t f : e.flow_ids())
+          if (flow_state[f]++ != 0) return fmt::format("flow {} started twice", f);
+        for (uint64_t f : e.terminating_flow_ids()) {
+          if (flow_state[f] != 1)
+            return fmt::format("flow {} ends at {} without a start before it", f, p.timestamp());
+          flow_state[f] = 2;
+          ++counts->flows;
+        }
+        break;
+      case pb::TrackEvent::TYPE_SLICE_END:
+        if (track->second != 1)
+          return fmt::format("packet {}: a slice ends on track {} with none open", n,
+                             e.track_uuid());
+        track->second = 0;
+        break;
+      case pb::TrackEvent::TYPE_COUNTER:
+        ++counts->counter_values;
+        break;
+      default:
+        return fmt::format("packet {}: unexpected event type {}", n, static_cast<int>(e.type()));
+    }
+  }
+  for (auto [uuid, k] : open)
+    if (k != 0) return fmt::format("a slice on track {} never ends", uuid);
+  for (auto [f, st] : flow_state)
+    if (st != 2) return fmt::format("flow {} never ends", f);
+  return "";
 }
 
 }  // namespace pipeplan::test

@@ -36,6 +36,17 @@ std::string TraceRuleBroken(const std::string& trace_json);
 // The same for a trace file (gunzipped first when it ends in .gz).
 std::string TraceFileRuleBroken(const std::string& path);
 
+// The same rules for a Perfetto protobuf trace (.pftrace), read packet by packet: every
+// event on a track described before it, in non-decreasing time; on each track a slice
+// opens only when none is open and ends before the next opens (so slices never overlap or
+// nest), and all are closed at the end; interned iids defined by the sequence's first
+// packet; each flow starts once and terminates once, after its start, on slice begins.
+struct PftraceCounts {
+  size_t slices = 0, flows = 0, counter_values = 0;
+  std::vector<std::string> names;  // slice names, in file order
+};
+std::string PftraceRuleBroken(const std::string& path, PftraceCounts* counts);
+
 struct RunResult {
   int exit_code;
   std::string out;  // stdout + stderr

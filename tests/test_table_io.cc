@@ -1,7 +1,14 @@
 #include <doctest/doctest.h>
+#include <google/protobuf/io/coded_stream.h>
 
+#include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <tuple>
 
+#include "chakra_et.pb.h"
+#include "core/chakra.h"
 #include "core/files.h"
 #include "core/table_io.h"
 #include "core/torch_csv.h"
@@ -151,4 +158,142 @@ TEST_CASE("an output file replaces nothing until committed, and gzips on the way
   REQUIRE(f.Commit().ok());
   CHECK(f.bytes_written() == big.size());
   CHECK(RunShell("gzip -dc " + path + ".gz").out == big);
+}
+
+namespace {
+
+// Reads a Chakra file: the GlobalMetadata, then every Node (each length-delimited).
+bool ReadChakra(const std::string& path, ChakraProtoMsg::GlobalMetadata* meta,
+                std::vector<ChakraProtoMsg::Node>* nodes) {
+  const std::string bytes = Slurp(path);
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                            static_cast<int>(bytes.size()));
+  auto next = [&](google::protobuf::MessageLite* m) {
+    uint32_t len = 0;
+    if (!in.ReadVarint32(&len)) return false;
+    const auto limit = in.PushLimit(static_cast<int>(len));
+    const bool ok = m->ParseFromCodedStream(&in) && in.ConsumedEntireMessage();
+    in.PopLimit(limit);
+    return ok;
+  };
+  if (!next(meta)) return false;
+  nodes->clear();
+  while (in.CurrentPosition() < static_cast<int>(bytes.size())) {
+    nodes->emplace_back();
+    if (!next(&nodes->back())) return false;
+  }
+  return true;
+}
+
+const ChakraProtoMsg::AttributeProto* AttrOf(const ChakraProtoMsg::Node& n, const std::string& k) {
+  for (const auto& a : n.attr())
+    if (a.name() == k) return &a;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("Chakra export round-trips: per-rank files whose dependency graph is the table's") {
+  namespace ck = ChakraProtoMsg;
+  const Config c = MultimodalConfig("nested");  // p2p, collectives, CP gangs, vision ops
+  const Table t = Plan(c);
+  const std::string dir = TempDir();
+  std::vector<double> durations(t.size());
+  for (OpId i = 0; i < t.size(); ++i) durations[i] = 1e-3 * (1 + i % 7);
+  REQUIRE(WriteChakraTraces(t, dir + "/et", durations).ok());
+
+  // Expected stream order, walking each rank's compute stream forwards: a run of
+  // consecutive SEND/RECV ops is posted when the op before it ends; the op after a run
+  // waits for the run's RECVs (sends are eager) and the op before the run.
+  std::vector<std::set<uint64_t>> ctrl(t.size());
+  for (int32_t r = 0; r < t.num_ranks(); ++r) {
+    OpId last = UINT32_MAX, last_coll = UINT32_MAX;
+    bool in_run = false;
+    std::set<uint64_t> run_recvs;
+    for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) {
+      if (IsCollective(t.kind(i))) {
+        if (last_coll != UINT32_MAX) ctrl[i] = {last_coll};
+        last_coll = i;
+        continue;
+      }
+      if (IsP2P(t.kind(i))) {
+        if (!in_run) {
+          in_run = true;
+          run_recvs.clear();
+        }
+        if (last != UINT32_MAX) ctrl[i] = {last};
+        if (IsRecv(t.kind(i))) run_recvs.insert(i);
+        continue;
+      }
+      if (in_run) ctrl[i] = run_recvs, in_run = false;
+      if (last != UINT32_MAX) ctrl[i].insert(last);
+      last = i;
+    }
+  }
+
+  std::map<std::tuple<int, int, int>, int> p2p_keys;  // (src, dst, tag) -> SEND + RECV seen
+  size_t nodes_read = 0;
+  for (int32_t r = 0; r < t.num_ranks(); ++r) {
+    CAPTURE(r);
+    ck::GlobalMetadata meta;
+    std::vector<ck::Node> nodes;
+    REQUIRE(ReadChakra(ChakraFileName(dir + "/et", r), &meta, &nodes));
+    bool rank_attr = false;
+    for (const auto& a : meta.attr())
+      rank_attr = rank_attr || (a.name() == "rank" && a.int32_val() == r);
+    CHECK(rank_attr);
+    REQUIRE(nodes.size() == t.rank_end(r) - t.rank_begin(r));
+    for (size_t k = 0; k < nodes.size(); ++k) {
+      const ck::Node& n = nodes[k];
+      const OpId i = t.rank_begin(r) + static_cast<OpId>(k);
+      CAPTURE(t.str(i));
+      ++nodes_read;
+      REQUIRE(n.id() == i);
+      CHECK(n.name() == t.str(i));
+      CHECK(n.duration_micros() == static_cast<uint64_t>(std::llround(durations[i] * 1e6)));
+      // Dependencies: data = the table's same-rank deps; ctrl = stream order.
+      std::set<uint64_t> data(n.data_deps().begin(), n.data_deps().end()), want_data;
+      for (OpId d : t.deps(i))
+        if (t.rank(d) == r) want_data.insert(d);
+      CHECK(data == want_data);
+      CHECK(std::set<uint64_t>(n.ctrl_deps().begin(), n.ctrl_deps().end()) == ctrl[i]);
+      const OpKind kind = t.kind(i);
+      if (IsP2P(kind)) {
+        CHECK(n.type() == (IsSend(kind) ? ck::COMM_SEND_NODE : ck::COMM_RECV_NODE));
+        const int src = AttrOf(n, "comm_src")->int32_val(),
+                  dst = AttrOf(n, "comm_dst")->int32_val();
+        CHECK((IsSend(kind) ? src : dst) == r);
+        if (IsRecv(kind)) CHECK(src == t.rank(t.send_of(i)));  // the cross-rank dependency
+        ++p2p_keys[{src, dst, AttrOf(n, "comm_tag")->int32_val()}];
+        CHECK(AttrOf(n, "comm_size")->int64_val() == std::llround(t.work(i).payload_bytes));
+      } else if (IsCollective(kind)) {
+        CHECK(n.type() == ck::COMM_COLL_NODE);
+        const auto& members = AttrOf(n, "pg_ranks")->int32_list().values();
+        const auto group = t.group(t.peer(i));
+        CHECK(std::vector<int32_t>(members.begin(), members.end()) ==
+              std::vector<int32_t>(group.begin(), group.end()));
+        const int64_t type = AttrOf(n, "comm_type")->int64_val();
+        CHECK(type == (kind == OpKind::kAllReduce       ? ck::ALL_REDUCE
+                       : kind == OpKind::kReduceScatter ? ck::REDUCE_SCATTER
+                       : kind == OpKind::kAllGather     ? ck::ALL_GATHER
+                                                        : ck::ALL_TO_ALL));
+      } else {
+        CHECK(n.type() == ck::COMP_NODE);
+        CHECK(AttrOf(n, "num_ops")->int64_val() ==
+              std::llround(t.work(i).flops / t.ranks()[r].gpus));
+        CHECK(AttrOf(n, "is_cpu_op")->bool_val() == false);
+      }
+    }
+  }
+  CHECK(nodes_read == t.size());
+  // Every transfer is one SEND and one RECV with the same (src, dst, tag), and no other.
+  for (const auto& [key, seen] : p2p_keys) CHECK(seen == 2);
+
+  // The command writes one file per rank.
+  const std::string cfg = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/default.yaml";
+  const RunResult r = RunCli("plan " + cfg + " --format chakra -o " + dir + "/cli");
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("8 files") != std::string::npos);
+  CHECK(Exists(dir + "/cli.7.et"));
+  CHECK(!Exists(dir + "/cli.8.et"));
 }

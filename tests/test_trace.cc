@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -137,4 +139,54 @@ TEST_CASE("a trace journal keeps every op that ended, readable when its process 
   }
   (*j)->Remove();
   CHECK(!std::ifstream(path).good());
+}
+
+TEST_CASE("Perfetto protobuf trace: the Chrome trace's slices and flows, by Perfetto's rules") {
+  const std::string dir = TempDir();
+  const std::string cfg = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/default.yaml";
+  for (const char* sets :
+       {"--set schedule.modality=nested", "--set schedule.pipeline=zbv --set parallelism.vp=2"}) {
+    CAPTURE(sets);
+    REQUIRE(RunCli(fmt::format("simulate {} {} --trace {}/t.pftrace", cfg, sets, dir)).exit_code ==
+            0);
+    REQUIRE(RunCli(fmt::format("simulate {} {} --trace {}/t.json", cfg, sets, dir)).exit_code == 0);
+    PftraceCounts pc;
+    CHECK(PftraceRuleBroken(dir + "/t.pftrace", &pc) == "");
+    // The JSON trace of the same run: the same op slices and as many flow arrows.
+    const json j = json::parse(Slurp(dir + "/t.json"));
+    std::multiset<std::string> json_names, pf_names(pc.names.begin(), pc.names.end());
+    size_t flows = 0, counter_events = 0;
+    for (const json& e : j["traceEvents"]) {
+      if (e["ph"] == "X") json_names.insert(e["name"].get<std::string>());
+      if (e["ph"] == "f") ++flows;
+      if (e["ph"] == "C") ++counter_events;
+    }
+    CHECK(pc.slices == json_names.size());
+    CHECK(pf_names == json_names);
+    CHECK(pc.flows == flows);
+    CHECK(flows > 0);
+    CHECK(pc.counter_values >= counter_events);  // every sample's changed keys, at least one
+    // About a third of the JSON's size.
+    CHECK(Slurp(dir + "/t.pftrace").size() < Slurp(dir + "/t.json").size() / 2);
+  }
+  // Gzipped by name, like the JSON trace.
+  REQUIRE(RunCli(fmt::format("simulate {} --trace {}/t.pftrace.gz", cfg, dir)).exit_code == 0);
+  CHECK(Slurp(dir + "/t.pftrace.gz").substr(0, 2) == "\x1f\x8b");
+}
+
+TEST_CASE(
+    "k3-scale traces keep the importer rules: Perfetto protobuf of every rank, JSON of one "
+    "replica") {
+  const std::string dir = TempDir();
+  const std::string cfg = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/k3_scale.yaml";
+  const RunResult r = RunCli(fmt::format("simulate {} --trace {}/k3.pftrace", cfg, dir));
+  REQUIRE(r.exit_code == 0);
+  PftraceCounts pc;
+  CHECK(PftraceRuleBroken(dir + "/k3.pftrace", &pc) == "");
+  CHECK(pc.slices > 900000);  // every op of the 2,048 ranks
+  CHECK(pc.flows > 100000);
+  std::remove((dir + "/k3.pftrace").c_str());
+  REQUIRE(RunCli(fmt::format("simulate {} --trace-dp 0 --trace {}/k3.json", cfg, dir)).exit_code ==
+          0);
+  CHECK(TraceFileRuleBroken(dir + "/k3.json") == "");
 }
