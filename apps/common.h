@@ -56,6 +56,7 @@ Command MakeValidateCommand();
 Command MakeShowCommand();
 Command MakeSimulateCommand();
 Command MakeSweepCommand();
+Command MakeReportCommand();
 Command MakeExecuteCommand();  // in pipeplan-execute only
 inline constexpr const char* kExecuteHelp =
     "Run a plan: every rank's sequence, on the CPU (a tiny model, real numerics, --check "

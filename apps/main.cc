@@ -47,6 +47,8 @@ int main(int argc, char** argv) {
       {"simulate", "Simulate a config or plan: step time, bubbles, memory, MFU, trace",
        MakeSimulateCommand()},
       {"sweep", "Plan and simulate a grid of config variations", MakeSweepCommand()},
+      {"report", "Write an HTML report of a simulated step or of a sweep's CSV",
+       MakeReportCommand()},
       // Handled above; listed here for --help (pipeplan execute --help shows its options).
       {"execute", kExecuteHelp, {[](CLI::App* sub) { sub->allow_extras(); }, [] { return 2; }}},
       {"compare", "Line up a simulated and a measured trace; fit a calibration",

@@ -6,7 +6,8 @@ pkgs=("$@"
       cmake g++ make libcli11-dev libfmt-dev nlohmann-json3-dev libboost-graph-dev
       libprotobuf-dev protobuf-compiler doctest-dev libyaml-cpp-dev libbenchmark-dev zlib1g-dev
       libopenmpi-dev openmpi-bin slurm-wlm munge  # multi-process runs and their test
-      python3)                                    # scripts/repro.py (a test runs it)
+      python3                                     # scripts/repro.py (a test runs it)
+      chromium)                                   # the HTML report's browser test
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
