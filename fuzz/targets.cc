@@ -15,6 +15,7 @@
 #include "planner/schedules.h"
 #include "planner/validate.h"
 #include "planner/yaml_doc.h"
+#include "report/html_report.h"
 #include "simulator/compare.h"
 #include "simulator/metrics.h"
 
@@ -150,6 +151,10 @@ bool TorchCsv(const uint8_t* data, size_t size) {
     for (int vp = 1; vp <= 2; ++vp)
       any = ParseTorchCsvSchedule(text, "fuzz.csv", pp, vp, 4).ok() || any;
   return any;
+}
+
+bool SweepCsv(const uint8_t* data, size_t size) {
+  return SweepReportHtml("fuzz.csv", Text(data, size)).ok();
 }
 
 bool MegatronArgs(const uint8_t* data, size_t size) {

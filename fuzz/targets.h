@@ -31,6 +31,9 @@ bool TorchCsv(const uint8_t* data, size_t size);
 // valid config (planned too when it fits the small budget).
 bool MegatronArgs(const uint8_t* data, size_t size);
 
+// A sweep's CSV as `report` reads it; accepted = its page was written.
+bool SweepCsv(const uint8_t* data, size_t size);
+
 struct Named {
   std::string_view name;
   Target target;
@@ -38,7 +41,7 @@ struct Named {
 inline constexpr Named kTargets[] = {
     {"config", YamlConfig},  {"manifest", ManifestJsonl}, {"calibration", CalibrationYaml},
     {"plan_pb", PlanPb},     {"plan_json", PlanJson},     {"trace", ChromeTrace},
-    {"torch_csv", TorchCsv}, {"megatron", MegatronArgs},
+    {"torch_csv", TorchCsv}, {"megatron", MegatronArgs},  {"sweep_csv", SweepCsv},
 };
 
 }  // namespace pipeplan::fuzz

@@ -615,7 +615,7 @@ StatusOr<std::string> SweepReportHtml(const std::string& title, const std::strin
   json axes_names = json::array();
   for (size_t a = 0; a < axes; ++a) axes_names.push_back(head[a]);
   const json data = {{"kind", "sweep"}, {"axes", axes_names}, {"points", points}};
-  return Page("pipeplan sweep report: " + title, data, "");
+  return Page("pipeplan sweep report: " + title.substr(title.find_last_of('/') + 1), data, "");
 }
 
 }  // namespace pipeplan

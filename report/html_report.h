@@ -35,7 +35,8 @@ struct StepReportInput {
 };
 std::string StepReportHtml(const StepReportInput& in);
 
-// `csv` as `pipeplan sweep -o` writes it; `name` names errors.
-StatusOr<std::string> SweepReportHtml(const std::string& title, const std::string& csv);
+// `csv` as `pipeplan sweep -o` writes it, read from `path` (which names errors; the page
+// is titled by the file's name).
+StatusOr<std::string> SweepReportHtml(const std::string& path, const std::string& csv);
 
 }  // namespace pipeplan

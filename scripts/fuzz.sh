@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-600}
-all="config manifest calibration plan_pb plan_json trace torch_csv megatron"
+all="config manifest calibration plan_pb plan_json trace torch_csv megatron sweep_csv"
 targets=${TARGETS:-$all}
 scripts/deps.sh clang-14 libclang-rt-14-dev
 flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
@@ -44,6 +44,8 @@ for cfg in configs/default.yaml configs/small_text.yaml; do
     "$pp" simulate "$seeds/plan_pb/$i.pb" --trace "$seeds/trace/$i.json" >/dev/null 2>&1 || true
   done
 done
+"$pp" sweep configs/small_text.yaml --vary parallelism.pp=2,4 --vary training.micro_batch_size=1,2 \
+  -o "$seeds/sweep_csv/1.csv" >/dev/null 2>&1 || true
 cat >"$seeds/manifest/1.jsonl" <<'JSONL'
 {"id": "a", "text_tokens": 512, "images": [[224, 224], [1024, 768]]}
 {"id": 2, "text_tokens": 1500, "videos": [[4, 224, 224]]}

@@ -12,6 +12,7 @@
 #include "fuzz/targets.h"
 #include "helpers.h"
 #include "planner/plan.h"
+#include "planner/sweep.h"
 #include "simulator/metrics.h"
 
 namespace fs = std::filesystem;
@@ -51,6 +52,10 @@ TEST_CASE("fuzz: each target accepts its format and refuses broken or foreign by
   REQUIRE(SavePlan(t, dir + "/p.pb", PlanFormat::kPb).ok());
   REQUIRE(SavePlan(t, dir + "/p.json", PlanFormat::kJson).ok());
   size_t left = 0;
+  const std::vector<VaryAxis> axes = {{"parallelism.pp", {"2", "4"}}};
+  std::vector<SweepPoint> points = ExpandGrid(axes);
+  for (SweepPoint& p : points) p.ok = true, p.metrics = sim->metrics;
+  MarkPareto(&points);
   const std::map<std::string, std::string> valid = {
       {"config", test::Slurp(std::string(PIPEPLAN_SOURCE_DIR) + "/configs/default.yaml")},
       {"manifest",
@@ -66,6 +71,7 @@ TEST_CASE("fuzz: each target accepts its format and refuses broken or foreign by
            .value()},
       {"megatron",
        test::Slurp(std::string(PIPEPLAN_SOURCE_DIR) + "/configs/megatron/llama3_70b.sh")},
+      {"sweep_csv", SweepCsv(axes, points)},
   };
   auto run = [](fuzz::Target target, const std::string& bytes) {
     return target(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
