@@ -62,15 +62,14 @@ Command MakeCompareCommand() {
       nlohmann::json worst = nlohmann::json::array();
       for (const auto& [op, d] : cmp.worst)
         worst.push_back({{"op", op}, {"measured_minus_predicted_s", d}});
-      fmt::print("{}\n", nlohmann::json{{"matched", cmp.matched},
-                                        {"only_simulated", cmp.only_simulated},
-                                        {"only_measured", cmp.only_measured},
-                                        {"predicted_step_s", cmp.predicted_step_s},
-                                        {"measured_step_s", cmp.measured_step_s},
-                                        {"by_module", stats(cmp.by_module)},
-                                        {"by_kind", stats(cmp.by_kind)},
-                                        {"worst", std::move(worst)}}
-                             .dump(1));
+      fmt::print("{}\n", DumpJson(nlohmann::json{{"matched", cmp.matched},
+                                                 {"only_simulated", cmp.only_simulated},
+                                                 {"only_measured", cmp.only_measured},
+                                                 {"predicted_step_s", cmp.predicted_step_s},
+                                                 {"measured_step_s", cmp.measured_step_s},
+                                                 {"by_module", stats(cmp.by_module)},
+                                                 {"by_kind", stats(cmp.by_kind)},
+                                                 {"worst", std::move(worst)}}));
     } else {
       fmt::print("{}", ComparisonText(cmp));
     }

@@ -106,7 +106,7 @@ Command MakePlanCommand() {
                           {"ops", t.size()},
                           {"ops_by_kind", by_kind},
                           {"output", wrote}};
-      fmt::print(out, "{}\n", j.dump(1));
+      fmt::print(out, "{}\n", DumpJson(j));
       return 0;
     }
     fmt::print(out, "plan: {} ({} ranks = dp {} x pp {}; vp {}, tp {}, cp {}, ep {}; {} GPUs)\n",

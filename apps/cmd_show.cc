@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/common.h"
+#include "core/files.h"
 
 namespace pipeplan {
 
@@ -41,7 +42,7 @@ Command MakeShowCommand() {
                          {"pp", t.ranks()[r].pp},
                          {"ops", std::move(ops)}});
       }
-      fmt::print("{}\n", nlohmann::json{{"ranks", std::move(ranks)}}.dump(1));
+      fmt::print("{}\n", DumpJson(nlohmann::json{{"ranks", std::move(ranks)}}));
       return 0;
     }
     std::string out;

@@ -70,7 +70,7 @@ Command MakeSimulateCommand() {
         return Report(s);
     }
     if (o->json) {
-      fmt::print("{}\n", MetricsJson(sim->metrics).dump(1));
+      fmt::print("{}\n", DumpJson(MetricsJson(sim->metrics)));
     } else {
       fmt::print("{}: {} on {} x {} ({} cost model)\n", o->input, in->table.meta().schedule,
                  in->config.cluster.nodes * in->config.cluster.gpus_per_node,

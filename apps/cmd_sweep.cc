@@ -74,7 +74,7 @@ Command MakeSweepCommand() {
                       {"pareto", p.pareto}});
         out.push_back(std::move(row));
       }
-      fmt::print("{}\n", out.dump(1));
+      fmt::print("{}\n", DumpJson(out));
       return 0;
     }
     std::string head;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/common.h"
+#include "core/files.h"
 #include "core/table_io.h"
 #include "planner/validate.h"
 
@@ -31,7 +32,7 @@ Command MakeValidateCommand() {
                           {"ops", t->size()},
                           {"ranks", t->num_ranks()},
                           {"error", s.ok() ? "" : s.message()}};
-      fmt::print("{}\n", j.dump(1));
+      fmt::print("{}\n", DumpJson(j));
       return static_cast<int>(s.code());
     }
     if (!s.ok()) return Report(Status(s.code(), fmt::format("{}: {}", o->path, s.message())));

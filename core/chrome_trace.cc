@@ -264,7 +264,7 @@ Status StreamChromeTrace(const Table& t, const Timeline& tl,
                           {"schedule", t.meta().schedule},
                           {"modality", t.meta().modality},
                           {"config", t.meta().config_yaml}};
-  out.Add("\n],\"otherData\":{}}}\n", other.dump());
+  out.Add("\n],\"otherData\":{}}}\n", DumpJson(other, -1));
   return out.Flush(true);
 }
 

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 namespace pipeplan {
 
@@ -192,6 +193,10 @@ Status OutputFile::Commit() {
   if (!s.ok()) std::remove(tmp_.c_str());
   g_tmp_live = 0;
   return s;
+}
+
+std::string DumpJson(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace pipeplan

@@ -4,6 +4,7 @@
 // FIFO or socket is written directly; "-" is standard output.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
 #include "core/status.h"
@@ -16,6 +17,9 @@ StatusOr<std::string> ReadFile(const std::string& path);
 // would follow down the stack) is refused before parsing. Counts [ and { outside strings.
 inline constexpr int kMaxJsonDepth = 64;
 Status CheckJsonDepth(std::string_view text, int max_depth = kMaxJsonDepth);
+// JSON text of `j` (indent < 0: one line); strings that are not UTF-8 (a config or CSV may
+// hold any bytes) have those bytes replaced by U+FFFD instead of throwing.
+std::string DumpJson(const nlohmann::json& j, int indent = 1);
 Status WriteFileAtomic(const std::string& path, const std::string& contents);
 
 // A file written in pieces (streamed: what is written is not held in memory), with the

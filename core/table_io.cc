@@ -363,7 +363,7 @@ json HeaderJson(const Table& t) {
 // layout, so the text is what dumping one document would give.
 template <typename Sink>
 Status StreamJson(const Table& t, Sink&& sink) {
-  const std::string header = HeaderJson(t).dump(1);
+  const std::string header = DumpJson(HeaderJson(t));
   // Strings are escaped, so a line starting with one space and "ops" is the top-level key.
   const std::string_view key = "\n \"ops\": []";
   const size_t at = header.find(key);

@@ -590,13 +590,13 @@ void CheckConsistency(Config* c, Ctx* ctx) {
   ParallelConfig& p = c->parallel;
   TrainingConfig& t = c->training;
   const LlmConfig& l = c->model.llm;
-  if (l.tie_embeddings && p.pp > 1)
+  if (l.tie_embeddings && p.pp > 1 && PlacementOf(c->schedule.pipeline) == StagePlacement::kV)
     return ctx->FailAt(
         ctx->seen.count("model.llm.tie_embeddings")
             ? "model.llm.tie_embeddings"
             : "model.llm.untie_embeddings_and_output_weights",
-        "tied embeddings across pipeline stages are not modelled (Megatron all-reduces the "
-        "embedding gradient between the first and last stage every step): untie them, or pp 1");
+        "tied embeddings with a V placement (the first and last stage on one rank, in two "
+        "chunks) are not modelled: untie them, or use a loop schedule");
   if (p.layers_per_virtual_stage > 0) {  // Megatron's way of giving vp
     const int64_t per_stage = static_cast<int64_t>(p.pp) * p.layers_per_virtual_stage;
     const char* key = "parallelism.num_layers_per_virtual_pipeline_stage";

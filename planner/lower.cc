@@ -206,6 +206,11 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
         for (auto& [module, gather_chunk, g] : early_gather)
           if (module == k.module && gather_chunk == chunk && g != UINT32_MAX)
             b->AddDep(h, g), g = UINT32_MAX;
+      } else if (IsCollective(k.kind) && k.module == Module::kText && k.chunk < 0) {
+        // The tied embedding's gradient: complete after the rank's last text backward.
+        for (auto& [key, op_h] : last_backward)
+          if (key >> 32 == static_cast<int64_t>(Module::kText)) b->AddDep(h, op_h);
+        grad_collectives.push_back(h);
       } else if (IsCollective(k.kind)) {
         if (last != last_backward.end()) b->AddDep(h, last->second);
         grad_collectives.push_back(h);

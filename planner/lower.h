@@ -74,6 +74,11 @@ inline constexpr int kMaxBuckets = 64;
 // wait behind a group-wide one); an all-gather opens the step (FSDP: the module's first
 // forward waits for it) or follows the optimizer step (a replicated module with ZeRO >= 1);
 // gather_work = -1: none.
+// A gradient sync outside the text's per-chunk DP reductions: a modality's parameters over
+// the ranks holding them, or (module text) the tied word embedding's gradient between a
+// replica's first and last stage. After the text reductions, in this vector's order on
+// every rank (the same order everywhere: no blocking executor deadlocks), before the
+// optimizer step.
 struct ModalitySync {
   Module module;
   OpKind reduce = OpKind::kReduceScatter;

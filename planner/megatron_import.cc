@@ -317,15 +317,9 @@ StatusOr<MegatronImport> ImportMegatron(std::string_view script, const std::stri
   if (yaml.count("model.llm.kv_heads") == 0 && yaml.count("model.llm.heads"))
     out.notes.push_back("no --num-query-groups: as many KV heads as attention heads");
   if (!yaml.count("model.llm.untie_embeddings_and_output_weights")) {
-    // Megatron ties the output layer to the embedding unless told otherwise.
-    const bool one_stage = !yaml.count("parallelism.pp") || yaml["parallelism.pp"] == "1";
-    if (one_stage)
-      yaml["model.llm.tie_embeddings"] = "true";
-    else
-      out.notes.push_back(
-          "no --untie-embeddings-and-output-weights: Megatron ties them; planned untied (the "
-          "same memory with pp > 1; the embedding-gradient all-reduce between the first and "
-          "last stage is not modelled)");
+    // Megatron ties the output layer to the embedding unless told otherwise: with pp > 1
+    // each copy lives on its stage and their gradients are all-reduced every step.
+    yaml["model.llm.tie_embeddings"] = "true";
   }
   if (layers_per_virtual > 0) {
     // Megatron: vp = layers / pp / layers per virtual stage.

@@ -495,6 +495,29 @@ StatusOr<Table> BuildPlan(const Config& c) {
       modality_sync.push_back(std::move(ms));
     }
   }
+  // Tied embeddings across stages: the first stage holds the word embedding, the last the
+  // LM head, two copies of one weight. Megatron all-reduces their gradient over the pair
+  // (the embedding group of each replica) after the data-parallel reduction, before the
+  // optimizer step (finalize_model_grads: _allreduce_word_embedding_grads): the full
+  // vocab x hidden / tp gradient in the reduction's dtype.
+  if (c.model.llm.tie_embeddings && p.pp > 1) {
+    const int32_t last = shape.home(shape.stages() - 1).pp_rank;
+    if (last == 0)
+      return InvalidInput(
+          "model.llm.tie_embeddings: the first and last stage share a rank (V placement); tied "
+          "embeddings are modelled for stages on different ranks, or pp 1");
+    Work reduce;
+    reduce.payload_bytes =
+        static_cast<double>(c.model.llm.vocab) * c.model.llm.hidden / p.tp * grad_bytes;
+    const WorkId work = b.AddWork(reduce);
+    for (int d = 0; d < p.dp; ++d) {
+      ModalitySync ms{Module::kText, OpKind::kAllReduce, work};
+      ms.member.assign(ranks.size(), false);
+      ms.member[shape.rank(d, 0)] = ms.member[shape.rank(d, last)] = true;
+      ms.group = b.AddGroup({shape.rank(d, 0), shape.rank(d, last)});
+      modality_sync.push_back(std::move(ms));
+    }
+  }
   size_t ops = 0;
   for (const RankSeq& s : seqs) ops += s.size();
   if (ops >= kReleaseFromOps) ReleaseFreeMemory();  // the placement's working state

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "core/files.h"
 #include "core/version.h"
 
 namespace pipeplan {
@@ -96,7 +97,7 @@ std::string Escape(std::string_view s) {
 
 // JSON inside <script>: "</" would end the element.
 std::string ScriptJson(const json& j) {
-  std::string s = j.dump();
+  std::string s = DumpJson(j, -1);
   for (size_t p = 0; (p = s.find("</", p)) != std::string::npos; p += 3) s.replace(p, 2, "<\\/");
   return s;
 }

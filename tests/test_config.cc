@@ -1,7 +1,11 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "helpers.h"
 #include "planner/config.h"
+#include "planner/plan.h"
+#include "planner/validate.h"
 #include "planner/workload.h"
 
 using namespace pipeplan;
@@ -240,8 +244,63 @@ TEST_CASE(
   const double saved =
       BuildTextWorkload(u).params_per_gpu[0] - BuildTextWorkload(t).params_per_gpu[0];
   CHECK(saved == doctest::Approx(1000.0 * 256));  // vocab x hidden
-  CHECK(Error(kBase, {"model.llm.tie_embeddings=true"}).find("not modelled") != std::string::npos);
+  // With a V placement the first and last stage share a rank in two chunks: refused.
+  CHECK(Error(kBase, {"model.llm.tie_embeddings=true", "schedule.pipeline=zbv", "parallelism.vp=2"})
+            .find("V placement") != std::string::npos);
   CHECK(Error(kBase, {"model.llm.tie_embeddings=true",
                       "model.llm.untie_embeddings_and_output_weights=true"})
             .find("contradicts model.llm.tie_embeddings") != std::string::npos);
+}
+
+TEST_CASE("tied embeddings across stages: the embedding-gradient all-reduce of each replica") {
+  // Megatron (finalize_model_grads, _allreduce_word_embedding_grads): the first stage's
+  // word embedding and the last stage's output layer are two copies of one weight; after
+  // the data-parallel reduction their gradient (vocab x hidden / tp, here in fp32) is
+  // all-reduced over the pair, before the optimizer step.
+  const Config tc = ParseYaml(kBase, {"model.llm.tie_embeddings=true", "parallelism.tp=1"});
+  const Config uc = ParseYaml(kBase, {"parallelism.tp=1"});
+  const Table tied = Plan(tc), untied = Plan(uc);
+  REQUIRE(tied.meta().dp == 2);
+  CHECK(ValidatePlan(tied).ok());
+  CHECK(tied.size() == untied.size() + 4);  // one op on each stage of the pair, 2 replicas
+  // Both copies stay: the same parameters per GPU as untied (each stage holds its copy).
+  for (int32_t r = 0; r < tied.num_ranks(); ++r)
+    CHECK(tied.ranks()[r].params[0] == untied.ranks()[r].params[0]);
+  std::vector<int32_t> on;
+  for (OpId i = 0; i < tied.size(); ++i) {
+    if (tied.kind(i) != OpKind::kAllReduce || tied.module(i) != Module::kText || tied.chunk(i) >= 0)
+      continue;
+    const int32_t r = tied.rank(i);
+    on.push_back(r);
+    CAPTURE(tied.str(i));
+    const auto g = tied.group(tied.peer(i));
+    const int32_t d = r / 4;
+    CHECK(std::vector<int32_t>(g.begin(), g.end()) == std::vector<int32_t>{4 * d, 4 * d + 3});
+    CHECK(tied.work(i).payload_bytes == 1000.0 * 256 * 4);
+    // After the rank's last text backward; the optimizer step waits for it.
+    OpId last_b = 0, opt = 0;
+    for (OpId j = tied.rank_begin(r); j < tied.rank_end(r); ++j) {
+      if (tied.kind(j) == OpKind::kB && tied.module(j) == Module::kText) last_b = j;
+      if (tied.kind(j) == OpKind::kOptStep) opt = j;
+    }
+    const auto deps = tied.deps(i);
+    CHECK(std::find(deps.begin(), deps.end(), last_b) != deps.end());
+    const auto opt_deps = tied.deps(opt);
+    CHECK(std::find(opt_deps.begin(), opt_deps.end(), i) != opt_deps.end());
+  }
+  CHECK(on == std::vector<int32_t>{0, 3, 4, 7});
+  // It takes time on the step: the simulated step grows.
+  auto ts = RunSimulation(tied, SimOptionsFor(tc)), us = RunSimulation(untied, SimOptionsFor(uc));
+  REQUIRE(ts.ok());
+  REQUIRE(us.ok());
+  CHECK(ts->metrics.step_time_s > us->metrics.step_time_s);
+  // The executor runs it (after the vision syncs on every rank: no deadlock) and the
+  // gradients still match the sequential reference.
+  const std::string dir = TempDir();
+  const std::string cfg = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/default.yaml";
+  REQUIRE(RunCli("plan " + cfg + " --set model.llm.tie_embeddings=true -o " + dir + "/t.pb")
+              .exit_code == 0);
+  const RunResult r = RunCli("execute " + dir + "/t.pb --local-ranks 8 --check");
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("PASS") != std::string::npos);
 }

@@ -197,3 +197,17 @@ TEST_CASE("outputs: SIGINT in the middle of a write leaves neither the file nor 
   CHECK(r.out.find("rc=130") != std::string::npos);  // ended by SIGINT, as asked
   CHECK(r.out.find("big.json") == std::string::npos);
 }
+
+TEST_CASE("bytes that are not UTF-8 in a sweep CSV become U+FFFD in the report, not an abort") {
+  // Found by the sweep_csv fuzz target (tests/fuzz/sweep_csv/not_utf8): the JSON writer threw
+  // on the byte 0x86 in a column name.
+  const std::string dir = TempDir();
+  {
+    std::ofstream f(dir + "/u.csv", std::ios::binary);
+    f << "parallelism.pp\x86,step_time_s,bubble_fraction,mfu,tokens_per_s,samples_per_s,"
+         "peak_memory_bytes,oom,pareto,error\n2,1,0.1,0.2,1000,1,1e9,0,1,\n";
+  }
+  const RunResult r = RunCli("report " + dir + "/u.csv -o " + dir + "/u.html");
+  CHECK(r.exit_code == 0);
+  CHECK(Slurp(dir + "/u.html").find("parallelism.pp\xef\xbf\xbd") != std::string::npos);
+}
