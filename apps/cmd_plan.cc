@@ -66,8 +66,7 @@ Command MakePlanCommand() {
                      left_out, o->output);
       } else if (f == PlanFormat::kChakra) {
         std::string prefix = o->output;
-        if (prefix.size() > 3 && prefix.compare(prefix.size() - 3, 3, ".et") == 0)
-          prefix.resize(prefix.size() - 3);
+        if (std::string_view(prefix).ends_with(".et")) prefix.resize(prefix.size() - 3);
         if (prefix == "-") return Report(InvalidInput("chakra: -o names a file prefix, not -"));
         // Compute durations from the cost model (no contention: a network simulator such as
         // ASTRA-sim times the communication itself).

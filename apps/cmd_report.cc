@@ -29,7 +29,7 @@ Command MakeReportCommand() {
     const std::string title = std::filesystem::path(o->input).filename().string();
     std::string html;
     std::string what;
-    if (o->input.size() > 4 && o->input.compare(o->input.size() - 4, 4, ".csv") == 0) {
+    if (std::string_view(o->input).ends_with(".csv")) {
       if (!o->sets.empty())
         return Report(InvalidInput("--set applies to a config, not a sweep CSV"));
       auto csv = ReadFile(o->input);

@@ -47,10 +47,8 @@ bool StderrIsTerminal() {
 
 Status WriteTrace(const std::string& path, const Table& t, const Timeline& tl,
                   const std::vector<CounterTrack>& counters, const TraceOptions& o) {
-  auto ends = [&](std::string_view s) {
-    return path.size() >= s.size() && path.compare(path.size() - s.size(), s.size(), s) == 0;
-  };
-  const bool perfetto = ends(".pftrace") || ends(".pftrace.gz");
+  const std::string_view name(path);
+  const bool perfetto = name.ends_with(".pftrace") || name.ends_with(".pftrace.gz");
   ASSIGN_OR_RETURN(size_t bytes, perfetto ? WritePerfettoTrace(path, t, tl, counters, o)
                                           : WriteChromeTrace(path, t, tl, counters, o));
   if (bytes > kTraceWarnBytes)

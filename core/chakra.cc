@@ -1,6 +1,8 @@
 #include "core/chakra.h"
 
 #include <fmt/format.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/util/delimited_message_util.h>
 
 #include <cmath>
 
@@ -60,15 +62,10 @@ void StreamDeps(const Table& t, OpId i, std::vector<OpId>* out) {
   if (j != UINT32_MAX) out->push_back(j);
 }
 
-void VarintTo(std::string* out, uint64_t n) {
-  for (; n >= 0x80; n >>= 7) out->push_back(static_cast<char>((n & 0x7f) | 0x80));
-  out->push_back(static_cast<char>(n));
-}
-
-// Appends `m` length-delimited.
+// Appends `m` length-delimited (Chakra's encodeMessage).
 void Delimited(std::string* out, const google::protobuf::MessageLite& m) {
-  VarintTo(out, m.ByteSizeLong());
-  m.AppendToString(out);
+  google::protobuf::io::StringOutputStream sink(out);
+  google::protobuf::util::SerializeDelimitedToZeroCopyStream(m, &sink);
 }
 
 }  // namespace

@@ -29,6 +29,10 @@ int64_t Ns(double seconds) {
   return std::llround(seconds * 1e9);
 }
 
+std::string LaneName(int tr, int32_t lane) {
+  return lane ? fmt::format("{} #{}", kTrackNames[tr], lane + 1) : kTrackNames[tr];
+}
+
 std::string RankLabel(const Table& t, int32_t r) {
   const RankInfo& ri = t.ranks()[r];
   return fmt::format("rank {} [dp {} pp {}; {} GPUs from GPU {}]", r, ri.dp, ri.pp, ri.gpus,
@@ -164,8 +168,7 @@ Status StreamChromeTrace(const Table& t, const Timeline& tl,
             r);
     for (int tr = 0; tr < kNumTracks; ++tr)
       for (int32_t lane = 0; lane < lanes.count[r][tr]; ++lane) {
-        const std::string name =
-            lane ? fmt::format("{} #{}", kTrackNames[tr], lane + 1) : kTrackNames[tr];
+        const std::string name = trace::LaneName(tr, lane);
         const int64_t tid = Tid(r, tr, lane);
         out.Event();
         out.Add(R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":)", r, tid);
@@ -283,8 +286,7 @@ StatusOr<size_t> WriteChromeTrace(const std::string& path, const Table& t, const
                                   const std::vector<CounterTrack>& counters,
                                   const TraceOptions& o) {
   OutputFile f;
-  const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
-  RETURN_IF_ERROR(f.Open(path, gz));
+  RETURN_IF_ERROR(f.Open(path, std::string_view(path).ends_with(".gz")));
   const std::function<Status(std::string_view)> sink = [&](std::string_view piece) {
     return f.Write(piece);
   };

@@ -1,6 +1,8 @@
 #include "core/perfetto_trace.h"
 
 #include <fmt/format.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include <algorithm>
 #include <array>
@@ -45,17 +47,13 @@ class PacketWriter {
   // Appends `p` as field 1 of Trace (tag, length, bytes); writes out every ~1 MiB.
   Status Put(pb::TracePacket& p) {
     p.set_trusted_packet_sequence_id(kSequence);
-    p.AppendToString(&scratch_);
-    buf_.push_back('\x0a');
-    for (uint64_t n = scratch_.size();; n >>= 7) {
-      if (n < 0x80) {
-        buf_.push_back(static_cast<char>(n));
-        break;
-      }
-      buf_.push_back(static_cast<char>((n & 0x7f) | 0x80));
+    {
+      google::protobuf::io::StringOutputStream sink(&buf_);
+      google::protobuf::io::CodedOutputStream coded(&sink);
+      coded.WriteTag(0x0a);  // field 1, length-delimited
+      coded.WriteVarint32(static_cast<uint32_t>(p.ByteSizeLong()));
+      p.SerializeWithCachedSizes(&coded);
     }
-    buf_ += scratch_;
-    scratch_.clear();
     p.Clear();
     return buf_.size() >= (size_t{1} << 20) ? Flush() : Status::Ok();
   }
@@ -67,7 +65,7 @@ class PacketWriter {
 
  private:
   OutputFile* f_;
-  std::string buf_, scratch_;
+  std::string buf_;
 };
 
 void Annotate(pb::TrackEvent* e, Arg name, int64_t v) {
@@ -89,8 +87,7 @@ StatusOr<size_t> WritePerfettoTrace(const std::string& path, const Table& t, con
   const std::vector<uint8_t> include = trace::IncludedRanks(t, o);
   const trace::Lanes lanes = trace::AssignLanes(t, tl, include);
   OutputFile f;
-  const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
-  RETURN_IF_ERROR(f.Open(path, gz));
+  RETURN_IF_ERROR(f.Open(path, std::string_view(path).ends_with(".gz")));
   PacketWriter out(&f);
   pb::TracePacket p;
   // Track uuids, given in order: 1 the trace, then per rank its process track, its lanes,
@@ -128,8 +125,7 @@ StatusOr<size_t> WritePerfettoTrace(const std::string& path, const Table& t, con
         d = p.mutable_track_descriptor();
         d->set_uuid(next_uuid++);
         d->set_parent_uuid(process_uuid[r]);
-        d->set_name(lane ? fmt::format("{} #{}", trace::kTrackNames[tr], lane + 1)
-                         : trace::kTrackNames[tr]);
+        d->set_name(trace::LaneName(tr, lane));
         d->set_sibling_order_rank(tr * trace::kMaxLanes + lane);
         RETURN_IF_ERROR(out.Put(p));
       }

@@ -26,6 +26,9 @@ Track TrackOf(const Table& t, OpId i);
 // slices that touch would otherwise overlap by one.
 int64_t Ns(double seconds);
 
+// The name of lane `lane` of track `tr`: "compute", then "compute #2", ...
+std::string LaneName(int tr, int32_t lane);
+
 // A rank's process name: "rank R [dp D pp P; G GPUs from GPU F]".
 std::string RankLabel(const Table& t, int32_t rank);
 
