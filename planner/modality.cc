@@ -62,14 +62,15 @@ double ShardSeconds(const Config& c, int64_t patches, int k) {
 }
 
 // Activation bytes one image keeps for the encoder backward (Korthikanti et al. per layer
-// per token: 18*d + 4*mlp with fused attention, + 5*heads*P for stored attention scores
-// without recompute; full recompute keeps the layer inputs, 2*d).
+// per token: 18*d + 4*mlp; the encoder's attention is fused, so without recompute it adds
+// only the fp32 log-sum-exp per head, 4*heads, no P^2 scores; full recompute keeps the
+// layer inputs, 2*d).
 double VisionActBytes(const Config& c, int64_t patches) {
   const VisionConfig& v = c.model.vision;
   const double P = static_cast<double>(patches);
   switch (v.recompute) {
     case Recompute::kNone:
-      return v.layers * P * (18.0 * v.hidden + 4.0 * v.mlp + 5.0 * v.heads * P);
+      return v.layers * P * (18.0 * v.hidden + 4.0 * v.mlp + 4.0 * v.heads);
     case Recompute::kSelective:
       return v.layers * P * (18.0 * v.hidden + 4.0 * v.mlp);
     case Recompute::kFull:
@@ -416,9 +417,9 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
           t.f.tp_bytes = g.layers * 2 * (2.0 * (gpus - 1) / gpus) * tokens * D * kBf16;
         }
         double act =
-            tokens / gpus * g.layers *
-            (g.recompute == Recompute::kFull ? 2 * D : 18 * D + 4 * M);  // + scores w/o recompute
-        if (g.recompute == Recompute::kNone) act += attn / (4 * D) * 5 * g.heads / gpus;
+            tokens / gpus * g.layers * (g.recompute == Recompute::kFull ? 2 * D : 18 * D + 4 * M);
+        // Fused attention: without recompute only the fp32 log-sum-exp per head is added.
+        if (g.recompute == Recompute::kNone) act += tokens / gpus * g.layers * 4.0 * g.heads;
         t.f.mem_delta_bytes = act;
         t.b = t.f;
         const int again = g.recompute == Recompute::kFull ? 1 : 0;
