@@ -43,7 +43,8 @@ Command MakePlanCommand() {
   c.run = [o]() -> int {
     auto config = LoadConfig(o->config, o->sets);
     if (!config.ok()) return Report(config.status());
-    auto table = BuildPlan(*config);
+    MemoryChoice memory;
+    auto table = BuildPlan(*config, &memory);
     if (!table.ok()) return Report(table.status());
     if (Status v = ValidatePlan(*table); !v.ok()) return Report(v);
     std::string wrote = o->output;
@@ -105,6 +106,7 @@ Command MakePlanCommand() {
                           {"ops", t.size()},
                           {"ops_by_kind", by_kind},
                           {"output", wrote}};
+      if (config->training.memory_auto) j["memory_auto"] = MemoryChoiceJson(memory);
       fmt::print(out, "{}\n", DumpJson(j));
       return 0;
     }
@@ -114,6 +116,8 @@ Command MakePlanCommand() {
                m.microbatches * m.dp);
     fmt::print(out, "ops: {}\n", t.size());
     for (auto& [k, n] : by_kind) fmt::print(out, "  {:<22} {}\n", k, n);
+    if (config->training.memory_auto)
+      fmt::print(out, "memory auto: {}\n", MemoryChoiceText(memory));
     if (!wrote.empty()) fmt::print(out, "wrote {}\n", wrote);
     return 0;
   };

@@ -70,12 +70,15 @@ Command MakeSimulateCommand() {
         return Report(s);
     }
     if (o->json) {
-      fmt::print("{}\n", DumpJson(MetricsJson(sim->metrics)));
+      nlohmann::json j = MetricsJson(sim->metrics);
+      if (in->memory) j["memory_auto"] = MemoryChoiceJson(*in->memory);
+      fmt::print("{}\n", DumpJson(j));
     } else {
       fmt::print("{}: {} on {} x {} ({} cost model)\n", o->input, in->table.meta().schedule,
                  in->config.cluster.nodes * in->config.cluster.gpus_per_node,
                  in->config.cluster.spec.name, o->cost);
       fmt::print("{}", MetricsText(sim->metrics));
+      if (in->memory) fmt::print("memory auto: {}\n", MemoryChoiceText(*in->memory));
       if (!o->trace.empty()) fmt::print("trace: {}\n", o->trace);
     }
     return 0;

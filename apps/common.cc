@@ -28,8 +28,11 @@ bool IsConfigPath(const std::string& path) {
 StatusOr<Input> LoadInput(const std::string& path, const std::vector<std::string>& sets) {
   if (IsConfigPath(path)) {
     ASSIGN_OR_RETURN(Config c, LoadConfig(path, sets));
-    ASSIGN_OR_RETURN(Table t, BuildPlan(c));
-    return Input{std::move(t), std::move(c)};
+    MemoryChoice choice;
+    ASSIGN_OR_RETURN(Table t, BuildPlan(c, &choice));
+    std::optional<MemoryChoice> memory;
+    if (c.training.memory_auto) memory = std::move(choice);
+    return Input{std::move(t), std::move(c), std::move(memory)};
   }
   // A plan's structure is fixed; only the hardware it is simulated on may change.
   for (const std::string& s : sets)

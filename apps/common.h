@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "core/table.h"
 #include "planner/config.h"
+#include "planner/plan.h"
 
 namespace pipeplan {
 
@@ -33,6 +34,7 @@ Status WriteTrace(const std::string& path, const Table& t, const Timeline& tl,
 struct Input {
   Table table;
   Config config;
+  std::optional<MemoryChoice> memory;  // what `training.memory: auto` chose, if it ran
 };
 StatusOr<Input> LoadInput(const std::string& path, const std::vector<std::string>& sets);
 bool IsConfigPath(const std::string& path);

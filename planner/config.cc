@@ -200,6 +200,30 @@ class MapReader {
                fmt::format("bad value '{}' for '{}' (expected one of: {})", v, path, list));
   }
 
+  // A value of `values`, or a list of them (into `list`, one entry per item).
+  template <typename E, size_t N>
+  void EnumOrList(std::initializer_list<std::string_view> names, E* out, std::vector<E>* list,
+                  const std::string_view (&values)[N]) {
+    auto n = Find(names, false);
+    if (!n || !n->IsSequence()) return Enum(names, out, values);
+    const std::string path = Path(*names.begin());
+    if (n->size() == 0) return ctx_->Fail(*n, path, fmt::format("'{}' is an empty list", path));
+    list->clear();
+    for (const YAML::Node& item : *n) {
+      const std::string v = item.IsScalar() ? item.as<std::string>() : "";
+      size_t i = 0;
+      while (i < N && v != values[i]) ++i;
+      if (i == N) {
+        std::string known;
+        for (size_t k = 0; k < N; ++k) known += fmt::format("{}{}", k ? ", " : "", values[k]);
+        return ctx_->Fail(
+            item, path,
+            fmt::format("bad value '{}' in the list '{}' (expected one of: {})", v, path, known));
+      }
+      list->push_back(static_cast<E>(i));
+    }
+  }
+
   // A nested mapping; an absent key gives an empty reader (all defaults).
   MapReader Sub(std::initializer_list<std::string_view> names, bool required = false) {
     auto n = Find(names, required);
@@ -380,7 +404,13 @@ void ReadTraining(MapReader m, TrainingConfig* c) {
   m.Int({"micro_batch_size", "mbs"}, &c->micro_batch_size, 1);
   m.Int({"global_batch_size", "gbs"}, &c->global_batch_size, 1);
   m.Int({"microbatches", "num_microbatches"}, &c->microbatches, 1, false, 1 << 20);
-  m.Enum({"recompute"}, &c->recompute, kRecomputeNames);
+  m.EnumOrList({"recompute"}, &c->recompute, &c->recompute_by_rank, kRecomputeNames);
+  constexpr std::string_view kMemoryNames[] = {"manual", "auto"};
+  int memory = 0;
+  m.Enum({"memory"}, &memory, kMemoryNames);
+  c->memory_auto = memory == 1;
+  // Under memory: auto the recompute not given starts at none.
+  if (c->memory_auto && !m.Has({"recompute"})) c->recompute = Recompute::kNone;
   m.Int({"zero_stage"}, &c->zero_stage, 0);
   // Megatron's distributed optimizer shards the optimizer state over DP: ZeRO-1.
   bool distributed = false;
@@ -734,6 +764,16 @@ void CheckConsistency(Config* c, Ctx* ctx) {
     return ctx->FailAt("parallelism.microbatch_group_size_per_vp_stage",
                        fmt::format("group size must be >= pp = {}", p.pp));
   if (t.zero_stage > 2) return ctx->FailAt("training.zero_stage", "zero_stage must be 0, 1 or 2");
+  if (t.memory_auto) {  // the encoder's and generator's recompute start at none too
+    if (!ctx->seen.count("model.vision.recompute")) c->model.vision.recompute = Recompute::kNone;
+    if (!ctx->seen.count("model.generator.recompute"))
+      c->model.generator.recompute = Recompute::kNone;
+  }
+  if (!t.recompute_by_rank.empty() && static_cast<int>(t.recompute_by_rank.size()) != p.pp)
+    return ctx->FailAt("training.recompute",
+                       fmt::format("the list has {} entries; one per pipeline rank (pp = {}) "
+                                   "is needed",
+                                   t.recompute_by_rank.size(), p.pp));
   if (t.precision == Precision::kFp8 && c->cluster.spec.fp8_flops <= 0)
     return ctx->FailAt("training.precision",
                        fmt::format("'training.precision: fp8' needs an FP8 rate; {} has none "
@@ -834,6 +874,9 @@ bool SplitsBackward(PipelineKind k) {
 
 std::string_view PipelineName(PipelineKind k) {
   return kPipelineNames[static_cast<int>(k)];
+}
+std::string_view RecomputeName(Recompute r) {
+  return kRecomputeNames[static_cast<int>(r)];
 }
 std::string_view ModalityName(ModalityPolicy p) {
   return kModalityNames[static_cast<int>(p)];

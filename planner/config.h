@@ -105,6 +105,8 @@ struct ParallelConfig {
 // "(...)*n" repeat. Errors name the offending character.
 StatusOr<std::vector<StageSpan>> ParseStageLayout(std::string_view layout);
 
+std::string_view RecomputeName(Recompute r);
+
 // Precision of the GEMMs: bf16 / fp16 at the catalog's 16-bit rate; fp8 runs the linear
 // layers' GEMMs (not attention, router, embedding or output layer) at the FP8 rate with
 // Transformer Engine's cast overheads.
@@ -117,6 +119,16 @@ struct TrainingConfig {
   int global_batch_size = 0;  // 0: given by microbatches
   int microbatches = 0;       // per DP replica; derived from global_batch_size if 0
   Recompute recompute = Recompute::kSelective;
+  // training.recompute given as a list: one mode per pipeline rank (all its chunks); empty
+  // when one mode applies to every rank.
+  std::vector<Recompute> recompute_by_rank;
+  Recompute RecomputeOf(int pp_rank) const {
+    return recompute_by_rank.empty() ? recompute : recompute_by_rank[pp_rank];
+  }
+  // training.memory: auto: the planner raises the recompute of the pipeline ranks that run
+  // out of memory (and of the encoder) from the configured modes (none where not given),
+  // one level at a time, until the plan fits (planner/plan.h: MemoryChoice).
+  bool memory_auto = false;
   int zero_stage =
       1;  // 0: none, 1: optimizer states, 2: + gradients (Megatron distributed optimizer = 1)
   bool sequence_parallel = true;  // Megatron sequence parallelism with TP

@@ -1,5 +1,7 @@
 #include "planner/plan.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -359,7 +361,9 @@ StatusOr<Config> ConfigOfPlan(const Table& plan, const std::string& plan_path,
   return ParseConfig(std::move(doc));
 }
 
-StatusOr<Table> BuildPlan(const Config& c) {
+namespace {
+
+StatusOr<Table> PlanOnce(const Config& c) {
   const ParallelConfig& p = c.parallel;
   PipelineShape shape{p.pp, p.vp, p.dp, c.training.microbatches, PlacementOf(c.schedule.pipeline)};
   const PipelineKind pipeline = c.schedule.pipeline;
@@ -374,7 +378,7 @@ StatusOr<Table> BuildPlan(const Config& c) {
         orders, TextSchedule(pipeline, p.pp, p.vp, shape.m, p.microbatch_group_size_per_vp_stage,
                              c.schedule.zb_max_pending));
   }
-  TextWorkload tw = BuildTextWorkload(c);
+  TextWorkload tw = BuildTextWorkload(c, shape.placement);
   StepBatch batch;
   if (Multimodal(c)) {
     ASSIGN_OR_RETURN(batch, MakeStepBatch(c));
@@ -543,6 +547,162 @@ StatusOr<Table> BuildPlan(const Config& c) {
   StatusOr<Table> t = b.Finish(std::move(meta));
   if (t.ok() && t->size() >= kReleaseFromOps) ReleaseFreeMemory();  // all but the table
   return t;
+}
+
+// Recompute levels of the modules the memory search may raise: one per pipeline rank's LLM
+// layers, then the encoder and the generator.
+struct MemoryLevels {
+  std::vector<Recompute> levels;
+  int pp = 0;
+  int vision() const { return pp; }
+  int generator() const { return pp + 1; }
+};
+
+MemoryLevels LevelsOf(const Config& c) {
+  MemoryLevels m;
+  m.pp = c.parallel.pp;
+  for (int r = 0; r < m.pp; ++r) m.levels.push_back(c.training.RecomputeOf(r));
+  m.levels.push_back(c.model.vision.recompute);
+  m.levels.push_back(c.model.generator.recompute);
+  return m;
+}
+
+// The config with these levels, its stored YAML saying so (and `memory: manual`).
+StatusOr<Config> WithLevels(const Config& c, const MemoryLevels& m) {
+  Config k = c;
+  k.training.memory_auto = false;
+  k.training.recompute_by_rank.assign(m.levels.begin(), m.levels.begin() + m.pp);
+  k.model.vision.recompute = m.levels[m.vision()];
+  k.model.generator.recompute = m.levels[m.generator()];
+  ASSIGN_OR_RETURN(YamlDoc doc, YamlDoc::FromString(c.source, c.resolved_yaml));
+  RETURN_IF_ERROR(doc.ApplySet("training.memory=manual"));
+  std::string list;
+  for (int r = 0; r < m.pp; ++r)
+    list += fmt::format("{}{}", r ? ", " : "", RecomputeName(m.levels[r]));
+  RETURN_IF_ERROR(doc.ApplySet(fmt::format("training.recompute=[{}]", list)));
+  if (c.model.vision.enabled)
+    RETURN_IF_ERROR(doc.ApplySet(
+        fmt::format("model.vision.recompute={}", RecomputeName(m.levels[m.vision()]))));
+  if (c.model.generator.enabled)
+    RETURN_IF_ERROR(doc.ApplySet(
+        fmt::format("model.generator.recompute={}", RecomputeName(m.levels[m.generator()]))));
+  k.resolved_yaml = doc.Dump();
+  return k;
+}
+
+struct Trial {
+  Table table;
+  Metrics metrics;
+  std::vector<RankMemory> memory;
+};
+
+StatusOr<Trial> TryLevels(const Config& c, const MemoryLevels& m, int* plans) {
+  ASSIGN_OR_RETURN(Config k, WithLevels(c, m));
+  ASSIGN_OR_RETURN(Table t, PlanOnce(k));
+  SimOptions o = SimOptionsFor(k);
+  o.exposure = false;
+  ASSIGN_OR_RETURN(SimResult r, RunSimulation(t, o));
+  ++*plans;
+  return Trial{std::move(t), std::move(r.metrics), std::move(r.memory)};
+}
+
+StatusOr<Table> PlanAutoMemory(const Config& c, MemoryChoice* choice) {
+  MemoryLevels m = LevelsOf(c);
+  const MemoryLevels start = m;
+  MemoryChoice mc;
+  ASSIGN_OR_RETURN(Trial cur, TryLevels(c, m, &mc.plans));
+  mc.start_step_s = cur.metrics.step_time_s;
+  mc.start_peak_bytes = cur.metrics.peak_memory_bytes;
+  auto up = [](Recompute r) { return static_cast<Recompute>(static_cast<int>(r) + 1); };
+  // Raise: for each rank out of memory, the module with the most activation bytes at its
+  // peak that is not at full recompute yet (each module at most once per round).
+  while (cur.metrics.oom) {
+    std::vector<bool> raised(m.levels.size(), false);
+    for (size_t r = 0; r < cur.memory.size(); ++r) {
+      if (!cur.memory[r].oom) continue;
+      const std::array<std::pair<int, int>, 3> owners = {
+          std::pair{static_cast<int>(cur.table.ranks()[r].pp), kActText},
+          std::pair{m.vision(), kActVision}, std::pair{m.generator(), kActGenerator}};
+      int best = -1;
+      double best_bytes = 0;
+      for (auto [item, cat] : owners) {
+        const double bytes = cur.memory[r].at_peak[cat];
+        if (bytes > best_bytes && m.levels[item] != Recompute::kFull && !raised[item])
+          best = item, best_bytes = bytes;
+      }
+      if (best >= 0) raised[best] = true, m.levels[best] = up(m.levels[best]);
+    }
+    if (std::find(raised.begin(), raised.end(), true) == raised.end()) break;  // nothing left
+    ASSIGN_OR_RETURN(cur, TryLevels(c, m, &mc.plans));
+  }
+  // Lower: each raised module one level down where the plan still fits and is no slower.
+  for (size_t item = 0; item < m.levels.size() && !cur.metrics.oom;) {
+    if (m.levels[item] == start.levels[item]) {
+      ++item;
+      continue;
+    }
+    MemoryLevels lower = m;
+    lower.levels[item] = static_cast<Recompute>(static_cast<int>(m.levels[item]) - 1);
+    ASSIGN_OR_RETURN(Trial t, TryLevels(c, lower, &mc.plans));
+    if (t.metrics.oom || t.metrics.step_time_s > cur.metrics.step_time_s) {
+      ++item;
+    } else {  // kept; the same module may go lower again
+      m = std::move(lower);
+      cur = std::move(t);
+    }
+  }
+  mc.text.assign(m.levels.begin(), m.levels.begin() + m.pp);
+  mc.vision = m.levels[m.vision()], mc.generator = m.levels[m.generator()];
+  mc.has_vision = c.model.vision.enabled, mc.has_generator = c.model.generator.enabled;
+  mc.fits = !cur.metrics.oom;
+  mc.step_s = cur.metrics.step_time_s;
+  mc.peak_bytes = cur.metrics.peak_memory_bytes;
+  mc.hbm_bytes = cur.metrics.hbm_bytes;
+  if (choice) *choice = mc;
+  return std::move(cur.table);
+}
+
+}  // namespace
+
+StatusOr<Table> BuildPlan(const Config& c, MemoryChoice* choice) {
+  if (!c.training.memory_auto) return PlanOnce(c);
+  return PlanAutoMemory(c, choice);
+}
+
+std::string MemoryChoiceText(const MemoryChoice& m) {
+  std::string text;
+  for (size_t r = 0; r < m.text.size(); ++r)
+    text += fmt::format("{}{}", r ? " " : "", RecomputeName(m.text[r]));
+  std::string modules = fmt::format("LLM recompute by pp rank [{}]", text);
+  if (m.has_vision) modules += fmt::format(", vision {}", RecomputeName(m.vision));
+  if (m.has_generator) modules += fmt::format(", generator {}", RecomputeName(m.generator));
+  if (!m.fits)
+    return fmt::format(
+        "does not fit: {} (the most the search can recompute) peaks at {:.2f} GiB of {:.2f} "
+        "GiB; {} plans simulated",
+        modules, m.peak_bytes / kGiB, m.hbm_bytes / kGiB, m.plans);
+  return fmt::format(
+      "{}: peak {:.2f} GiB of {:.2f} GiB (from {:.2f} GiB), step +{:.3f} s over the "
+      "configured modes ({:.3f} -> {:.3f} s); {} plan{} simulated",
+      modules, m.peak_bytes / kGiB, m.hbm_bytes / kGiB, m.start_peak_bytes / kGiB,
+      m.step_s - m.start_step_s, m.start_step_s, m.step_s, m.plans, m.plans == 1 ? "" : "s");
+}
+
+nlohmann::json MemoryChoiceJson(const MemoryChoice& m) {
+  nlohmann::json j;
+  std::vector<std::string> text;
+  for (Recompute r : m.text) text.emplace_back(RecomputeName(r));
+  j["recompute_by_pp_rank"] = text;
+  if (m.has_vision) j["vision_recompute"] = RecomputeName(m.vision);
+  if (m.has_generator) j["generator_recompute"] = RecomputeName(m.generator);
+  j["fits"] = m.fits;
+  j["plans_simulated"] = m.plans;
+  j["start_step_time_s"] = m.start_step_s;
+  j["start_peak_memory_bytes"] = m.start_peak_bytes;
+  j["step_time_s"] = m.step_s;
+  j["peak_memory_bytes"] = m.peak_bytes;
+  j["added_step_time_s"] = m.step_s - m.start_step_s;
+  return j;
 }
 
 }  // namespace pipeplan

@@ -1,6 +1,7 @@
 #include "planner/workload.h"
 
 #include <algorithm>
+#include <array>
 
 namespace pipeplan {
 namespace {
@@ -15,7 +16,7 @@ bool IsMoeLayer(const LlmConfig& l, int layer) {
 
 }  // namespace
 
-LayerCost TextLayerCost(const Config& c, bool moe_layer) {
+LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc) {
   const LlmConfig& l = c.model.llm;
   const ParallelConfig& p = c.parallel;
   const double b = c.training.micro_batch_size, s = c.training.seq_length, h = l.hidden;
@@ -87,7 +88,7 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer) {
   // keeps no s^2 tensor, only the fp32 log-sum-exp per head and token.
   // Without sequence parallelism the 10*s*b*h of norm inputs and dropout masks is not
   // sharded over tp (Korthikanti et al., table 2).
-  switch (c.training.recompute) {
+  switch (rc) {
     case Recompute::kNone:
       lc.act_bytes = T * (18 * h + ffn_act) +
                      (flash ? 4.0 * l.heads * T : (dropout ? 5.0 : 2.0) * l.heads * s * T);
@@ -100,7 +101,7 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer) {
       break;
   }
   lc.act_bytes /= shard;
-  if (!c.training.sequence_parallel && c.training.recompute != Recompute::kFull)
+  if (!c.training.sequence_parallel && rc != Recompute::kFull)
     lc.act_bytes += 10 * T * h * (1 / cp - 1 / shard);
   if (c.training.precision == Precision::kFp8) {
     // Transformer Engine casts each FP8 GEMM's input in the forward and its output gradient
@@ -148,15 +149,19 @@ double MegatronFlopsPerStep(const Config& c, bool recompute_pass) {
   return (recompute_pass ? 16 : 12) * B * s * h * h * layers + 6 * B * s * h * l.vocab;
 }
 
-TextWorkload BuildTextWorkload(const Config& c) {
+TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
   const LlmConfig& l = c.model.llm;
   const ParallelConfig& p = c.parallel;
   const double T = static_cast<double>(c.training.micro_batch_size) * c.training.seq_length;
   const double shard = static_cast<double>(p.tp) * p.cp;
   const double sp_shard = c.training.sequence_parallel ? shard : p.cp;
   const double V = l.vocab, h = l.hidden;
-  const LayerCost dense = TextLayerCost(c, false), moe = TextLayerCost(c, true);
-  const Recompute rc = c.training.recompute;
+  // Layer costs by recompute mode (the mode is per pipeline rank).
+  std::array<LayerCost, 3> dense_of, moe_of;
+  for (int r = 0; r < 3; ++r) {
+    dense_of[r] = TextLayerCost(c, false, static_cast<Recompute>(r));
+    moe_of[r] = TextLayerCost(c, true, static_cast<Recompute>(r));
+  }
   TextWorkload w;
   w.tokens_per_mb = T;
   w.p2p_bytes = T * h * kBf16 / sp_shard;
@@ -166,7 +171,12 @@ TextWorkload BuildTextWorkload(const Config& c) {
     w.p2p_bytes /= p.tp;
     w.p2p_gather_bytes = (p.tp - 1) * w.p2p_bytes;
   }
-  for (const StageSpan& span : p.stages) {
+  for (size_t g = 0; g < p.stages.size(); ++g) {
+    const StageSpan& span = p.stages[g];
+    const Recompute rc =
+        c.training.RecomputeOf(HomeOf(placement, p.pp, static_cast<int32_t>(g)).pp_rank);
+    const LayerCost& dense = dense_of[static_cast<int>(rc)];
+    const LayerCost& moe = moe_of[static_cast<int>(rc)];
     Work f, bw;
     double params = 0, act = 0, attn_core = 0, attn_hbm_f = 0, attn_hbm_b = 0;
     double linear = 0, cast_f = 0, cast_b = 0, keep = 0;
@@ -249,6 +259,10 @@ TextWorkload BuildTextWorkload(const Config& c) {
     w.params_per_gpu.push_back(params);
   }
   return w;
+}
+
+TextWorkload BuildTextWorkload(const Config& c) {
+  return BuildTextWorkload(c, PlacementOf(c.schedule.pipeline));
 }
 
 }  // namespace pipeplan

@@ -46,7 +46,11 @@ struct TextWorkload {
   double tokens_per_mb = 0;            // LLM tokens per micro-batch
 };
 
-LayerCost TextLayerCost(const Config& c, bool moe_layer);
+LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc);
+// Chunks in global stage order; `placement` maps them to pipeline ranks (whose recompute
+// mode applies).
+TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement);
+// The same with the placement of the config's schedule.
 TextWorkload BuildTextWorkload(const Config& c);
 
 // LLM FLOPs of one step (all replicas) as Megatron reports them: eq. (3) of Narayanan et

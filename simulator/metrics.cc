@@ -76,13 +76,15 @@ StatusOr<SimResult> RunSimulation(const Table& t, const SimOptions& o) {
   }
   r.memory = ComputeMemory(t, r.timeline, o.memory, o.memory_curves);
   r.metrics = ComputeMetrics(t, r.timeline, r.durations, r.memory, o.cost, o.memory.hbm_bytes);
-  Timeline scratch;  // buffers of the passes without a module
-  ASSIGN_OR_RETURN(auto vision, Exposure(t, index, r.durations, r.metrics.step_time_s,
-                                         Module::kVision, &scratch));
-  std::tie(r.metrics.vision_exposed_s, r.metrics.vision_hidden_fraction) = vision;
-  ASSIGN_OR_RETURN(auto gen, Exposure(t, index, r.durations, r.metrics.step_time_s,
-                                      Module::kGenerator, &scratch));
-  std::tie(r.metrics.generator_exposed_s, r.metrics.generator_hidden_fraction) = gen;
+  if (o.exposure) {
+    Timeline scratch;  // buffers of the passes without a module
+    ASSIGN_OR_RETURN(auto vision, Exposure(t, index, r.durations, r.metrics.step_time_s,
+                                           Module::kVision, &scratch));
+    std::tie(r.metrics.vision_exposed_s, r.metrics.vision_hidden_fraction) = vision;
+    ASSIGN_OR_RETURN(auto gen, Exposure(t, index, r.durations, r.metrics.step_time_s,
+                                        Module::kGenerator, &scratch));
+    std::tie(r.metrics.generator_exposed_s, r.metrics.generator_hidden_fraction) = gen;
+  }
   VisionLoad(t, r.durations, &r.metrics);
   return r;
 }

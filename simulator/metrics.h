@@ -65,6 +65,9 @@ struct SimOptions {
   CostModel cost = CostModel::Unit();
   MemoryOptions memory;
   bool memory_curves = false;  // keep per-rank curves (for traces)
+  // Run the passes without each modality that give the exposed and hidden times (off: those
+  // metrics stay -1; the memory search in planner/plan.cc needs only time and memory).
+  bool exposure = true;
 };
 
 struct SimResult {

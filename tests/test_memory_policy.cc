@@ -1,0 +1,184 @@
+// Recompute per pipeline rank (training.recompute as a list) and the search of
+// `training.memory: auto`.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include "helpers.h"
+#include "planner/data.h"
+#include "planner/modality.h"
+#include "planner/plan.h"
+#include "planner/workload.h"
+#include "simulator/metrics.h"
+
+using namespace pipeplan;
+using namespace pipeplan::test;
+
+namespace {
+
+// SmallConfig's model: hidden 256, seq 128, micro-batch 1, 2 layers per chunk.
+constexpr double kH = 256, kT = 128;
+
+std::string ParseError(const Config& base_yaml_of, std::vector<std::string> sets) {
+  auto doc = YamlDoc::FromString("cfg.yaml", base_yaml_of.resolved_yaml);
+  REQUIRE(doc.ok());
+  for (const std::string& s : sets)
+    if (Status st = doc->ApplySet(s); !st.ok()) return st.message();
+  auto c = ParseConfig(std::move(*doc));
+  REQUIRE(!c.ok());
+  return c.status().message();
+}
+
+std::string ModeList(const std::vector<Recompute>& modes) {
+  std::string s;
+  for (size_t i = 0; i < modes.size(); ++i)
+    s += fmt::format("{}{}", i ? ", " : "", RecomputeName(modes[i]));
+  return "[" + s + "]";
+}
+
+Metrics Simulated(const Config& c, const Table& t) {
+  SimOptions o = SimOptionsFor(c);
+  auto r = RunSimulation(t, o);
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  return r->metrics;
+}
+
+}  // namespace
+
+TEST_CASE("training.recompute as a list: one mode per pipeline rank, errors name the key") {
+  const Config c =
+      SmallConfig(PipelineKind::k1F1B, 2, 1, 4, 1, {"training.recompute=[full, none]"});
+  CHECK(c.training.RecomputeOf(0) == Recompute::kFull);
+  CHECK(c.training.RecomputeOf(1) == Recompute::kNone);
+  const Config plain = SmallConfig(PipelineKind::k1F1B, 2, 1, 4);
+  CHECK(ParseError(plain, {"training.recompute=[full, none, none]"}) ==
+        "--set training.recompute=[full, none, none]: the list has 3 entries; one per pipeline "
+        "rank (pp = 2) is needed");
+  CHECK(ParseError(plain, {"training.recompute=[full, sometimes]"}) ==
+        "--set training.recompute=[full, sometimes]: bad value 'sometimes' in the list "
+        "'training.recompute' (expected one of: none, selective, full)");
+  CHECK(ParseError(plain, {"training.memory=always"}) ==
+        "--set training.memory=always: bad value 'always' for 'training.memory' (expected one "
+        "of: manual, auto)");
+}
+
+TEST_CASE("recompute per pipeline rank changes only the chunks that rank holds") {
+  // pp 2, vp 2 (interleaved): rank 0 holds global stages 0 and 2, rank 1 stages 1 and 3.
+  auto make = [](const char* rc) {
+    return BuildTextWorkload(SmallConfig(PipelineKind::kInterleaved1F1B, 2, 2, 4, 1,
+                                         {std::string("training.recompute=") + rc}));
+  };
+  const TextWorkload mixed = make("[full, none]"), full = make("full"), none = make("none");
+  for (int g = 0; g < 4; ++g) {
+    CAPTURE(g);
+    const TextWorkload& same = g % 2 == 0 ? full : none;
+    CHECK(mixed.f[g].mem_delta_bytes == same.f[g].mem_delta_bytes);
+    CHECK(mixed.b[g].flops == same.b[g].flops);
+  }
+  // Full recompute keeps each layer's bf16 input, 2*T*h bytes (Korthikanti et al.), for the
+  // 2 layers of a chunk; its backward runs the layers' forward again.
+  CHECK(mixed.f[0].mem_delta_bytes == doctest::Approx(2 * 2 * kT * kH));
+  CHECK(mixed.f[2].mem_delta_bytes == doctest::Approx(2 * 2 * kT * kH));
+  CHECK(mixed.b[0].flops - none.b[0].flops == doctest::Approx(mixed.f[0].flops));
+  // Interleaved chunks: stage 1 is rank 1's first chunk, without recompute.
+  CHECK(mixed.f[1].mem_delta_bytes > 4 * 2 * kT * kH);
+}
+
+TEST_CASE("memory: auto raises recompute where ranks run out of memory, and no further") {
+  // The executor tests' multimodal config (pp 4, 8 micro-batches, 2048^2 images); HBM is
+  // set so that some modes must rise but not all (without recompute it needs 216 GiB).
+  const std::vector<std::string> tight = {"training.memory=auto",
+                                          "cluster.hardware.hbm_bytes=2.6e9"};
+  const Config c = MultimodalConfig("nested", tight);
+  CHECK(c.training.RecomputeOf(0) == Recompute::kNone);  // the start: none where not given
+  CHECK(c.model.vision.recompute == Recompute::kNone);
+  MemoryChoice choice;
+  auto t = BuildPlan(c, &choice);
+  REQUIRE_MESSAGE(t.ok(), t.status().message());
+  REQUIRE(choice.fits);
+  REQUIRE(choice.text.size() == 4);
+  const Metrics m = Simulated(c, *t);
+  CHECK(!m.oom);
+  CHECK(m.peak_memory_bytes == choice.peak_bytes);
+  CHECK(m.peak_memory_bytes <= 2.6e9);
+  CHECK(choice.start_peak_bytes > 2.6e9);
+  CHECK(choice.step_s >= choice.start_step_s);  // recompute only adds work
+
+  // Some mode rose, not every one: the search stops where the plan fits.
+  int raised = 0;
+  for (Recompute r : choice.text) raised += r != Recompute::kNone;
+  raised += choice.vision != Recompute::kNone;
+  CHECK(raised > 0);
+  CHECK(raised < 5);
+
+  // Minimal: each raised mode one level lower (set by hand) runs out of memory or is slower.
+  auto manual = [&](std::vector<Recompute> text, Recompute vision) {
+    return MultimodalConfig(
+        "nested", {"cluster.hardware.hbm_bytes=2.6e9", "training.recompute=" + ModeList(text),
+                   fmt::format("model.vision.recompute={}", RecomputeName(vision))});
+  };
+  const Config chosen = manual(choice.text, choice.vision);
+  const Metrics at_choice = Simulated(chosen, Plan(chosen));
+  CHECK(at_choice.step_time_s == m.step_time_s);
+  auto down = [](Recompute r) { return static_cast<Recompute>(static_cast<int>(r) - 1); };
+  for (size_t r = 0; r <= choice.text.size(); ++r) {
+    CAPTURE(r);
+    std::vector<Recompute> text = choice.text;
+    Recompute vision = choice.vision;
+    Recompute& mode = r < text.size() ? text[r] : vision;
+    if (mode == Recompute::kNone) continue;
+    mode = down(mode);
+    const Config lower = manual(text, vision);
+    const Metrics lm = Simulated(lower, Plan(lower));
+    CHECK((lm.oom || lm.step_time_s > m.step_time_s));
+  }
+
+  // The plan stores the choice: its config, parsed again, is manual with the chosen modes.
+  auto stored = ConfigOfPlan(*t, "plan.pb");
+  REQUIRE_MESSAGE(stored.ok(), stored.status().message());
+  CHECK(!stored->training.memory_auto);
+  for (int r = 0; r < 4; ++r) CHECK(stored->training.RecomputeOf(r) == choice.text[r]);
+  CHECK(stored->model.vision.recompute == choice.vision);
+}
+
+TEST_CASE("memory: auto keeps the configured modes when they fit, says so when nothing fits") {
+  MemoryChoice ample;
+  const Config roomy = MultimodalConfig(
+      "nested", {"training.memory=auto", "training.recompute=none", "model.vision.recompute=full"});
+  REQUIRE(BuildPlan(roomy, &ample).ok());
+  CHECK(ample.fits);
+  CHECK(ample.plans == 1);
+  CHECK(ample.step_s == ample.start_step_s);
+  for (Recompute r : ample.text) CHECK(r == Recompute::kNone);
+  CHECK(ample.vision == Recompute::kFull);
+
+  MemoryChoice none;
+  const Config tiny =
+      MultimodalConfig("nested", {"training.memory=auto", "cluster.hardware.hbm_bytes=1e9"});
+  REQUIRE(BuildPlan(tiny, &none).ok());
+  CHECK(!none.fits);
+  for (Recompute r : none.text) CHECK(r == Recompute::kFull);
+  CHECK(none.vision == Recompute::kFull);
+  CHECK(MemoryChoiceText(none).rfind("does not fit", 0) == 0);
+}
+
+TEST_CASE("the encoder's fused attention keeps no P^2 scores without recompute") {
+  // Per layer and patch (Korthikanti et al.): selective keeps 18d + 4 mlp bytes, none adds
+  // the fp32 log-sum-exp per head (4 heads bytes), full keeps only the input (2d). With
+  // d = 1024, mlp = 4096, 16 heads: (none - selective) / (selective - full) = 64 / 32768
+  // for every task, small images and CP gang shards of 2048^2 ones alike.
+  auto tasks = [](const char* rc) {
+    const Config c = MultimodalConfig("nested", {std::string("model.vision.recompute=") + rc});
+    auto batch = MakeStepBatch(c);
+    REQUIRE(batch.ok());
+    return BuildModalityWork(c, *batch, VisionPool{}, false).vision;
+  };
+  const auto none = tasks("none"), sel = tasks("selective"), full = tasks("full");
+  REQUIRE(none.size() == sel.size());
+  REQUIRE(full.size() == sel.size());
+  REQUIRE(!none.empty());
+  for (size_t i = 0; i < none.size(); ++i) {
+    CAPTURE(i);
+    CHECK((none[i].act_bytes - sel[i].act_bytes) / (sel[i].act_bytes - full[i].act_bytes) ==
+          doctest::Approx(64.0 / 32768));
+  }
+}
