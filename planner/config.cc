@@ -27,6 +27,7 @@ constexpr std::string_view kPipelineNames[] = {"gpipe",     "1f1b",           "i
 constexpr std::string_view kModalityNames[] = {"inline", "decoupled", "nested", "bubble-fill",
                                                "optimus"};
 constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
+constexpr std::string_view kStorageNames[] = {"bf16", "fp8"};
 constexpr std::string_view kAttentionNames[] = {"flash", "unfused"};
 constexpr std::string_view kPlacementNames[] = {"fsdp", "replicated"};
 constexpr std::string_view kPrecisionNames[] = {"bf16", "fp16", "fp8"};
@@ -361,6 +362,7 @@ void ReadModel(MapReader m, ModelConfig* c) {
     v.Int({"patch"}, &vc.patch, 1, false, 4096);
     v.Int({"merge"}, &vc.merge, 1, false, 64);
     v.Enum({"recompute"}, &vc.recompute, kRecomputeNames);
+    v.Enum({"saved_activations"}, &vc.saved_activations, kStorageNames);
     v.Bool({"cp"}, &vc.cp);
     v.Int({"cp_threshold_patches"}, &vc.cp_threshold_patches, 1);
     v.Int({"cp_max_group"}, &vc.cp_max_group, 1);
@@ -378,6 +380,7 @@ void ReadModel(MapReader m, ModelConfig* c) {
     g.Int({"heads"}, &gc.heads, 1, true);
     g.Int({"latent_patch"}, &gc.latent_patch, 1, false, 4096);
     g.Enum({"recompute"}, &gc.recompute, kRecomputeNames);
+    g.Enum({"saved_activations"}, &gc.saved_activations, kStorageNames);
     g.Enum({"placement"}, &gc.placement, kPlacementNames);
     g.Finish();
   }
@@ -411,6 +414,18 @@ void ReadTraining(MapReader m, TrainingConfig* c) {
   c->memory_auto = memory == 1;
   // Under memory: auto the recompute not given starts at none.
   if (c->memory_auto && !m.Has({"recompute"})) c->recompute = Recompute::kNone;
+  m.EnumOrList({"saved_activations"}, &c->saved_activations, &c->saved_activations_by_rank,
+               kStorageNames);
+  constexpr std::string_view kPolicyNames[] = {"recompute", "fp8"};
+  int policy = 0;
+  std::vector<int> policies;
+  m.EnumOrList({"memory_policies"}, &policy, &policies, kPolicyNames);
+  if (policies.empty()) policies.push_back(policy);
+  c->memory_recompute = std::count(policies.begin(), policies.end(), 0) > 0;
+  c->memory_fp8 = std::count(policies.begin(), policies.end(), 1) > 0;
+  if (m.Has({"memory_policies"}) && !c->memory_auto)
+    m.ctx()->FailAt("training.memory_policies",
+                    "'training.memory_policies' applies only with 'training.memory: auto'");
   m.Int({"zero_stage"}, &c->zero_stage, 0);
   // Megatron's distributed optimizer shards the optimizer state over DP: ZeRO-1.
   bool distributed = false;
@@ -769,11 +784,13 @@ void CheckConsistency(Config* c, Ctx* ctx) {
     if (!ctx->seen.count("model.generator.recompute"))
       c->model.generator.recompute = Recompute::kNone;
   }
-  if (!t.recompute_by_rank.empty() && static_cast<int>(t.recompute_by_rank.size()) != p.pp)
-    return ctx->FailAt("training.recompute",
-                       fmt::format("the list has {} entries; one per pipeline rank (pp = {}) "
-                                   "is needed",
-                                   t.recompute_by_rank.size(), p.pp));
+  for (auto [key, n] :
+       {std::pair{"training.recompute", t.recompute_by_rank.size()},
+        std::pair{"training.saved_activations", t.saved_activations_by_rank.size()}})
+    if (n != 0 && static_cast<int>(n) != p.pp)
+      return ctx->FailAt(
+          key, fmt::format("the list has {} entr{}; one per pipeline rank (pp = {}) is needed", n,
+                           n == 1 ? "y" : "ies", p.pp));
   if (t.precision == Precision::kFp8 && c->cluster.spec.fp8_flops <= 0)
     return ctx->FailAt("training.precision",
                        fmt::format("'training.precision: fp8' needs an FP8 rate; {} has none "
@@ -877,6 +894,9 @@ std::string_view PipelineName(PipelineKind k) {
 }
 std::string_view RecomputeName(Recompute r) {
   return kRecomputeNames[static_cast<int>(r)];
+}
+std::string_view ActStorageName(ActStorage s) {
+  return kStorageNames[static_cast<int>(s)];
 }
 std::string_view ModalityName(ModalityPolicy p) {
   return kModalityNames[static_cast<int>(p)];

@@ -38,6 +38,9 @@ struct LlmConfig {
 };
 
 enum class Recompute { kNone, kSelective, kFull };
+// How saved activations are stored between forward and backward: bf16 as computed, or fp8
+// block-quantised (planner/workload.h: kFp8StoredPerBf16).
+enum class ActStorage { kBf16, kFp8 };
 
 // Where a modality's parameters live. fsdp: sharded over every GPU of the job, gathered
 // before the step's first use, gradients reduce-scattered over the job. replicated: a full
@@ -50,6 +53,7 @@ struct VisionConfig {
   ParamPlacement placement = ParamPlacement::kFsdp;
   int tp = 1;                                   // encoder tensor parallelism inside a rank's GPUs
   Recompute recompute = Recompute::kSelective;  // activations kept for the encoder backward
+  ActStorage saved_activations = ActStorage::kBf16;
   int layers = 0, hidden = 0, mlp = 0, heads = 0;
   int patch = 14;  // patch side, pixels
   int merge = 2;   // spatial merge (2 = 2x2 pixel-shuffle -> patches / 4 tokens)
@@ -66,6 +70,7 @@ struct GeneratorConfig {
   int layers = 0, hidden = 0, mlp = 0, heads = 0;
   int latent_patch = 16;  // pixels per latent token side (VAE 8x downsampling x 2x2 patchify)
   Recompute recompute = Recompute::kSelective;
+  ActStorage saved_activations = ActStorage::kBf16;
 };
 
 // Attention kernels of the LLM. flash: fused (FlashAttention), causal blocks skipped, nothing
@@ -106,6 +111,7 @@ struct ParallelConfig {
 StatusOr<std::vector<StageSpan>> ParseStageLayout(std::string_view layout);
 
 std::string_view RecomputeName(Recompute r);
+std::string_view ActStorageName(ActStorage s);
 
 // Precision of the GEMMs: bf16 / fp16 at the catalog's 16-bit rate; fp8 runs the linear
 // layers' GEMMs (not attention, router, embedding or output layer) at the FP8 rate with
@@ -125,10 +131,19 @@ struct TrainingConfig {
   Recompute RecomputeOf(int pp_rank) const {
     return recompute_by_rank.empty() ? recompute : recompute_by_rank[pp_rank];
   }
-  // training.memory: auto: the planner raises the recompute of the pipeline ranks that run
-  // out of memory (and of the encoder) from the configured modes (none where not given),
-  // one level at a time, until the plan fits (planner/plan.h: MemoryChoice).
+  // training.saved_activations, like recompute: one storage or one per pipeline rank.
+  ActStorage saved_activations = ActStorage::kBf16;
+  std::vector<ActStorage> saved_activations_by_rank;
+  ActStorage StorageOf(int pp_rank) const {
+    return saved_activations_by_rank.empty() ? saved_activations
+                                             : saved_activations_by_rank[pp_rank];
+  }
+  // training.memory: auto: the planner chooses recompute and storage per pipeline rank
+  // (and of the encoder and generator) from the configured ones (none / bf16 where not
+  // given) until the plan fits (planner/plan.h: BuildPlan), using the policies of
+  // training.memory_policies (recompute; fp8 only when listed).
   bool memory_auto = false;
+  bool memory_recompute = true, memory_fp8 = false;
   int zero_stage =
       1;  // 0: none, 1: optimizer states, 2: + gradients (Megatron distributed optimizer = 1)
   bool sequence_parallel = true;  // Megatron sequence parallelism with TP

@@ -4,6 +4,7 @@
 #include <limits>
 #include <numeric>
 
+#include "planner/workload.h"
 #include "simulator/cost_model.h"
 
 namespace pipeplan {
@@ -61,22 +62,32 @@ double ShardSeconds(const Config& c, int64_t patches, int k) {
          attn / (s.bf16_flops * s.attention_efficiency) + ExposedGatherBytes(c, patches, k) / bw;
 }
 
-// Activation bytes one image keeps for the encoder backward (Korthikanti et al. per layer
-// per token: 18*d + 4*mlp; the encoder's attention is fused, so without recompute it adds
-// only the fp32 log-sum-exp per head, 4*heads, no P^2 scores; full recompute keeps the
-// layer inputs, 2*d).
-double VisionActBytes(const Config& c, int64_t patches) {
-  const VisionConfig& v = c.model.vision;
-  const double P = static_cast<double>(patches);
-  switch (v.recompute) {
+// Activation bytes one token keeps per layer of the encoder or generator for its backward
+// (Korthikanti et al.): 18*d + 4*mlp; their attention is fused, so without recompute only
+// the fp32 log-sum-exp per head (4*heads) is added, no scores; full recompute keeps the
+// layer input, 2*d. Of the 18*d, 2*d are 1-byte dropout masks: FP8 storage quantises the
+// bf16 rest (workload.h: Saved).
+SavedBytes SavedPerToken(Recompute rc, ActStorage storage, double d, double mlp, double heads) {
+  switch (rc) {
     case Recompute::kNone:
-      return v.layers * P * (18.0 * v.hidden + 4.0 * v.mlp + 4.0 * v.heads);
+      return Saved(16 * d + 4 * mlp, 2 * d + 4 * heads, storage);
     case Recompute::kSelective:
-      return v.layers * P * (18.0 * v.hidden + 4.0 * v.mlp);
+      return Saved(16 * d + 4 * mlp, 2 * d, storage);
     case Recompute::kFull:
-      return v.layers * P * 2.0 * v.hidden;
+      return Saved(2 * d, 0, storage);
   }
-  return 0;
+  return {};
+}
+
+SavedBytes VisionSavedPerPatch(const Config& c) {
+  const VisionConfig& v = c.model.vision;
+  SavedBytes s = SavedPerToken(v.recompute, v.saved_activations, v.hidden, v.mlp, v.heads);
+  s.kept *= v.layers, s.quantise_hbm *= v.layers;
+  return s;
+}
+
+double VisionActBytes(const Config& c, int64_t patches) {
+  return static_cast<double>(patches) * VisionSavedPerPatch(c).kept;
 }
 
 }  // namespace
@@ -223,6 +234,7 @@ VisionTask TaskFromLoad(const Config& c, const GpuLoad& load, double model_flops
   t.f.attn_flops = load.attn_flops * gpus;
   t.f.model_flops = model_flops;
   t.f.hbm_bytes = patches / gpus * v.layers * (20.0 * v.hidden + 4.0 * v.mlp);
+  const double store_hbm = patches / gpus * VisionSavedPerPatch(c).quantise_hbm;
   t.f.tp_bytes = load.exposed_bytes;
   t.f.tp_calls = load.exposed_bytes > 0 ? v.layers : 0;
   t.f.kernels = 12 * v.layers;
@@ -234,6 +246,7 @@ VisionTask TaskFromLoad(const Config& c, const GpuLoad& load, double model_flops
   t.b.flops = (v.recompute == Recompute::kFull ? 3 : 2) * t.f.flops;
   t.b.attn_flops = (v.recompute == Recompute::kFull ? 3 : 2) * t.f.attn_flops;
   t.b.model_flops = 2 * model_flops, t.b.hbm_bytes = 2 * t.f.hbm_bytes;
+  t.f.hbm_bytes += store_hbm, t.b.hbm_bytes += store_hbm;  // FP8 storage: (de)quantise
   t.b.tp_bytes = 2 * t.f.tp_bytes, t.b.tp_calls = 2 * t.f.tp_calls, t.b.kernels = 2 * t.f.kernels;
   if (v.tp > 1) {
     // Encoder tensor parallelism (model.vision.tp): a TP group runs the images its GPUs
@@ -416,16 +429,16 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
           t.f.tp_calls = 2 * g.layers;
           t.f.tp_bytes = g.layers * 2 * (2.0 * (gpus - 1) / gpus) * tokens * D * kBf16;
         }
-        double act =
-            tokens / gpus * g.layers * (g.recompute == Recompute::kFull ? 2 * D : 18 * D + 4 * M);
-        // Fused attention: without recompute only the fp32 log-sum-exp per head is added.
-        if (g.recompute == Recompute::kNone) act += tokens / gpus * g.layers * 4.0 * g.heads;
+        const SavedBytes saved = SavedPerToken(g.recompute, g.saved_activations, D, M, g.heads);
+        const double act = tokens / gpus * g.layers * saved.kept;
         t.f.mem_delta_bytes = act;
         t.b = t.f;
         const int again = g.recompute == Recompute::kFull ? 1 : 0;
         t.b.flops = (2 + again) * flops, t.b.model_flops = 2 * flops,
         t.b.attn_flops = (2 + again) * attn;
         t.b.hbm_bytes = 2 * t.f.hbm_bytes;
+        const double store_hbm = tokens / gpus * g.layers * saved.quantise_hbm;
+        t.f.hbm_bytes += store_hbm, t.b.hbm_bytes += store_hbm;  // FP8 storage: (de)quantise
         t.b.tp_bytes = t.f.tp_bytes, t.b.tp_calls = t.f.tp_calls, t.b.kernels = 2 * t.f.kernels;
         t.b.mem_delta_bytes = -act;
         t.seconds = cost.ComputeSeconds(t.f, gpus, gpus, 1, c.cluster.gpus_per_node);

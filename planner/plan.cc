@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "core/memory.h"
 #include "planner/data.h"
@@ -549,43 +550,91 @@ StatusOr<Table> PlanOnce(const Config& c) {
   return t;
 }
 
-// Recompute levels of the modules the memory search may raise: one per pipeline rank's LLM
-// layers, then the encoder and the generator.
+// The modes the memory search may use for one module (a pipeline rank's LLM layers, the
+// encoder, the generator), from the configured one up, each keeping fewer activation bytes
+// than the one before: none, fp8 storage, full recompute, both. Selective recompute is left
+// out where the attention is fused (it would save only the fp32 log-sum-exp and recompute
+// the attention core: more time for next to nothing); with unfused attention it comes
+// after none and none + fp8 (it drops the s^2 scores). Policies not in
+// training.memory_policies keep their configured value.
+std::vector<MemoryMode> Ladder(const Config& c, MemoryMode start, bool fused) {
+  using R = Recompute;
+  using S = ActStorage;
+  const std::vector<MemoryMode> order =
+      fused ? std::vector<MemoryMode>{{R::kNone, S::kBf16}, {R::kSelective, S::kBf16},
+                                      {R::kNone, S::kFp8},  {R::kSelective, S::kFp8},
+                                      {R::kFull, S::kBf16}, {R::kFull, S::kFp8}}
+            : std::vector<MemoryMode>{{R::kNone, S::kBf16},      {R::kNone, S::kFp8},
+                                      {R::kSelective, S::kBf16}, {R::kSelective, S::kFp8},
+                                      {R::kFull, S::kBf16},      {R::kFull, S::kFp8}};
+  const size_t from = std::find(order.begin(), order.end(), start) - order.begin();
+  std::vector<MemoryMode> ladder = {start};
+  for (size_t i = from + 1; i < order.size(); ++i) {
+    const MemoryMode& m = order[i];
+    if (fused && m.recompute == R::kSelective) continue;
+    if (!c.training.memory_recompute && m.recompute != start.recompute) continue;
+    if (!c.training.memory_fp8 && m.storage != start.storage) continue;
+    ladder.push_back(m);
+  }
+  return ladder;
+}
+
+// Where each module stands on its ladder: items 0..pp-1 are the pipeline ranks' LLM layers,
+// then the encoder and the generator.
 struct MemoryLevels {
-  std::vector<Recompute> levels;
+  std::vector<std::vector<MemoryMode>> ladders;
+  std::vector<int> at;
   int pp = 0;
   int vision() const { return pp; }
   int generator() const { return pp + 1; }
+  MemoryMode mode(int item) const { return ladders[item][at[item]]; }
 };
 
 MemoryLevels LevelsOf(const Config& c) {
   MemoryLevels m;
   m.pp = c.parallel.pp;
-  for (int r = 0; r < m.pp; ++r) m.levels.push_back(c.training.RecomputeOf(r));
-  m.levels.push_back(c.model.vision.recompute);
-  m.levels.push_back(c.model.generator.recompute);
+  const bool flash = c.model.attention == Attention::kFlash;
+  for (int r = 0; r < m.pp; ++r)
+    m.ladders.push_back(Ladder(c, {c.training.RecomputeOf(r), c.training.StorageOf(r)}, flash));
+  const VisionConfig& v = c.model.vision;
+  const GeneratorConfig& g = c.model.generator;
+  m.ladders.push_back(Ladder(c, {v.recompute, v.saved_activations}, true));
+  m.ladders.push_back(Ladder(c, {g.recompute, g.saved_activations}, true));
+  m.at.assign(m.ladders.size(), 0);
   return m;
 }
 
-// The config with these levels, its stored YAML saying so (and `memory: manual`).
+// The config with these modes, its stored YAML saying so (and `memory: manual`).
 StatusOr<Config> WithLevels(const Config& c, const MemoryLevels& m) {
   Config k = c;
   k.training.memory_auto = false;
-  k.training.recompute_by_rank.assign(m.levels.begin(), m.levels.begin() + m.pp);
-  k.model.vision.recompute = m.levels[m.vision()];
-  k.model.generator.recompute = m.levels[m.generator()];
+  k.training.recompute_by_rank.clear(), k.training.saved_activations_by_rank.clear();
+  std::string recompute, storage;
+  for (int r = 0; r < m.pp; ++r) {
+    k.training.recompute_by_rank.push_back(m.mode(r).recompute);
+    k.training.saved_activations_by_rank.push_back(m.mode(r).storage);
+    recompute += fmt::format("{}{}", r ? ", " : "", RecomputeName(m.mode(r).recompute));
+    storage += fmt::format("{}{}", r ? ", " : "", ActStorageName(m.mode(r).storage));
+  }
   ASSIGN_OR_RETURN(YamlDoc doc, YamlDoc::FromString(c.source, c.resolved_yaml));
   RETURN_IF_ERROR(doc.ApplySet("training.memory=manual"));
-  std::string list;
-  for (int r = 0; r < m.pp; ++r)
-    list += fmt::format("{}{}", r ? ", " : "", RecomputeName(m.levels[r]));
-  RETURN_IF_ERROR(doc.ApplySet(fmt::format("training.recompute=[{}]", list)));
-  if (c.model.vision.enabled)
-    RETURN_IF_ERROR(doc.ApplySet(
-        fmt::format("model.vision.recompute={}", RecomputeName(m.levels[m.vision()]))));
-  if (c.model.generator.enabled)
-    RETURN_IF_ERROR(doc.ApplySet(
-        fmt::format("model.generator.recompute={}", RecomputeName(m.levels[m.generator()]))));
+  RETURN_IF_ERROR(doc.ApplySet(fmt::format("training.recompute=[{}]", recompute)));
+  RETURN_IF_ERROR(doc.ApplySet(fmt::format("training.saved_activations=[{}]", storage)));
+  auto module = [&](const char* key, bool enabled, MemoryMode mode, Recompute* rc,
+                    ActStorage* st) -> Status {
+    *rc = mode.recompute, *st = mode.storage;
+    if (!enabled) return Status::Ok();
+    RETURN_IF_ERROR(
+        doc.ApplySet(fmt::format("model.{}.recompute={}", key, RecomputeName(mode.recompute))));
+    return doc.ApplySet(
+        fmt::format("model.{}.saved_activations={}", key, ActStorageName(mode.storage)));
+  };
+  VisionConfig& v = k.model.vision;
+  GeneratorConfig& g = k.model.generator;
+  RETURN_IF_ERROR(
+      module("vision", v.enabled, m.mode(m.vision()), &v.recompute, &v.saved_activations));
+  RETURN_IF_ERROR(
+      module("generator", g.enabled, m.mode(m.generator()), &g.recompute, &g.saved_activations));
   k.resolved_yaml = doc.Dump();
   return k;
 }
@@ -606,18 +655,16 @@ StatusOr<Trial> TryLevels(const Config& c, const MemoryLevels& m, int* plans) {
   return Trial{std::move(t), std::move(r.metrics), std::move(r.memory)};
 }
 
-StatusOr<Table> PlanAutoMemory(const Config& c, MemoryChoice* choice) {
+// One greedy search over the ladders of c's policies, from `start` (the configured modes'
+// trial).
+StatusOr<Trial> SearchLadders(const Config& c, const Trial& start, MemoryChoice* mc) {
   MemoryLevels m = LevelsOf(c);
-  const MemoryLevels start = m;
-  MemoryChoice mc;
-  ASSIGN_OR_RETURN(Trial cur, TryLevels(c, m, &mc.plans));
-  mc.start_step_s = cur.metrics.step_time_s;
-  mc.start_peak_bytes = cur.metrics.peak_memory_bytes;
-  auto up = [](Recompute r) { return static_cast<Recompute>(static_cast<int>(r) + 1); };
+  const int items = static_cast<int>(m.at.size());
+  Trial cur = start;
   // Raise: for each rank out of memory, the module with the most activation bytes at its
-  // peak that is not at full recompute yet (each module at most once per round).
+  // peak that can still go up its ladder (each module at most one step per round).
   while (cur.metrics.oom) {
-    std::vector<bool> raised(m.levels.size(), false);
+    std::vector<bool> raised(items, false);
     for (size_t r = 0; r < cur.memory.size(); ++r) {
       if (!cur.memory[r].oom) continue;
       const std::array<std::pair<int, int>, 3> owners = {
@@ -627,23 +674,23 @@ StatusOr<Table> PlanAutoMemory(const Config& c, MemoryChoice* choice) {
       double best_bytes = 0;
       for (auto [item, cat] : owners) {
         const double bytes = cur.memory[r].at_peak[cat];
-        if (bytes > best_bytes && m.levels[item] != Recompute::kFull && !raised[item])
-          best = item, best_bytes = bytes;
+        const bool can = m.at[item] + 1 < static_cast<int>(m.ladders[item].size());
+        if (bytes > best_bytes && can && !raised[item]) best = item, best_bytes = bytes;
       }
-      if (best >= 0) raised[best] = true, m.levels[best] = up(m.levels[best]);
+      if (best >= 0) raised[best] = true, ++m.at[best];
     }
     if (std::find(raised.begin(), raised.end(), true) == raised.end()) break;  // nothing left
-    ASSIGN_OR_RETURN(cur, TryLevels(c, m, &mc.plans));
+    ASSIGN_OR_RETURN(cur, TryLevels(c, m, &mc->plans));
   }
-  // Lower: each raised module one level down where the plan still fits and is no slower.
-  for (size_t item = 0; item < m.levels.size() && !cur.metrics.oom;) {
-    if (m.levels[item] == start.levels[item]) {
+  // Lower: each raised module one step down where the plan still fits and is no slower.
+  for (int item = 0; item < items && !cur.metrics.oom;) {
+    if (m.at[item] == 0) {
       ++item;
       continue;
     }
     MemoryLevels lower = m;
-    lower.levels[item] = static_cast<Recompute>(static_cast<int>(m.levels[item]) - 1);
-    ASSIGN_OR_RETURN(Trial t, TryLevels(c, lower, &mc.plans));
+    --lower.at[item];
+    ASSIGN_OR_RETURN(Trial t, TryLevels(c, lower, &mc->plans));
     if (t.metrics.oom || t.metrics.step_time_s > cur.metrics.step_time_s) {
       ++item;
     } else {  // kept; the same module may go lower again
@@ -651,15 +698,46 @@ StatusOr<Table> PlanAutoMemory(const Config& c, MemoryChoice* choice) {
       cur = std::move(t);
     }
   }
-  mc.text.assign(m.levels.begin(), m.levels.begin() + m.pp);
-  mc.vision = m.levels[m.vision()], mc.generator = m.levels[m.generator()];
-  mc.has_vision = c.model.vision.enabled, mc.has_generator = c.model.generator.enabled;
-  mc.fits = !cur.metrics.oom;
-  mc.step_s = cur.metrics.step_time_s;
-  mc.peak_bytes = cur.metrics.peak_memory_bytes;
-  mc.hbm_bytes = cur.metrics.hbm_bytes;
-  if (choice) *choice = mc;
-  return std::move(cur.table);
+  mc->text.clear();
+  for (int r = 0; r < m.pp; ++r) mc->text.push_back(m.mode(r));
+  mc->vision = m.mode(m.vision()), mc->generator = m.mode(m.generator());
+  mc->has_vision = c.model.vision.enabled, mc->has_generator = c.model.generator.enabled;
+  mc->fits = !cur.metrics.oom;
+  mc->step_s = cur.metrics.step_time_s;
+  mc->peak_bytes = cur.metrics.peak_memory_bytes;
+  mc->hbm_bytes = cur.metrics.hbm_bytes;
+  return cur;
+}
+
+// The greedy search can end worse with more policies (fp8's smaller steps raise more
+// modules), so with fp8 allowed it runs once per subset of the allowed policies and keeps
+// the fastest plan that fits (or, if none fits, the one with the lowest peak).
+StatusOr<Table> PlanAutoMemory(const Config& c, MemoryChoice* choice) {
+  MemoryChoice best;
+  ASSIGN_OR_RETURN(const Trial start, TryLevels(c, LevelsOf(c), &best.plans));
+  best.start_step_s = start.metrics.step_time_s;
+  best.start_peak_bytes = start.metrics.peak_memory_bytes;
+  std::vector<std::pair<bool, bool>> subsets = {
+      {c.training.memory_recompute, c.training.memory_fp8}};
+  if (c.training.memory_recompute && c.training.memory_fp8)
+    subsets.push_back({true, false}), subsets.push_back({false, true});
+  std::optional<Trial> kept;
+  int plans = best.plans;
+  for (auto [recompute, fp8] : subsets) {
+    Config k = c;
+    k.training.memory_recompute = recompute, k.training.memory_fp8 = fp8;
+    MemoryChoice mc = best;
+    mc.plans = 0;
+    ASSIGN_OR_RETURN(Trial t, SearchLadders(k, start, &mc));
+    plans += mc.plans;
+    const bool better = !kept || (mc.fits && !best.fits) ||
+                        (mc.fits == best.fits &&
+                         (mc.fits ? mc.step_s < best.step_s : mc.peak_bytes < best.peak_bytes));
+    if (better) best = mc, kept = std::move(t);
+  }
+  best.plans = plans;
+  if (choice) *choice = best;
+  return std::move(kept->table);
 }
 
 }  // namespace
@@ -669,20 +747,25 @@ StatusOr<Table> BuildPlan(const Config& c, MemoryChoice* choice) {
   return PlanAutoMemory(c, choice);
 }
 
+std::string MemoryModeName(MemoryMode m) {
+  const std::string_view rc = RecomputeName(m.recompute);
+  return m.storage == ActStorage::kBf16 ? std::string(rc) : fmt::format("{}+fp8", rc);
+}
+
 std::string MemoryChoiceText(const MemoryChoice& m) {
   std::string text;
   for (size_t r = 0; r < m.text.size(); ++r)
-    text += fmt::format("{}{}", r ? " " : "", RecomputeName(m.text[r]));
-  std::string modules = fmt::format("LLM recompute by pp rank [{}]", text);
-  if (m.has_vision) modules += fmt::format(", vision {}", RecomputeName(m.vision));
-  if (m.has_generator) modules += fmt::format(", generator {}", RecomputeName(m.generator));
+    text += fmt::format("{}{}", r ? " " : "", MemoryModeName(m.text[r]));
+  std::string modules = fmt::format("LLM by pp rank [{}]", text);
+  if (m.has_vision) modules += fmt::format(", vision {}", MemoryModeName(m.vision));
+  if (m.has_generator) modules += fmt::format(", generator {}", MemoryModeName(m.generator));
   if (!m.fits)
     return fmt::format(
-        "does not fit: {} (the most the search can recompute) peaks at {:.2f} GiB of {:.2f} "
-        "GiB; {} plans simulated",
-        modules, m.peak_bytes / kGiB, m.hbm_bytes / kGiB, m.plans);
+        "does not fit: {} (no module of a rank out of memory can save more) peaks at {:.2f} GiB of "
+        "{:.2f} GiB; {} plan{} simulated",
+        modules, m.peak_bytes / kGiB, m.hbm_bytes / kGiB, m.plans, m.plans == 1 ? "" : "s");
   return fmt::format(
-      "{}: peak {:.2f} GiB of {:.2f} GiB (from {:.2f} GiB), step +{:.3f} s over the "
+      "{}: peak {:.2f} GiB of {:.2f} GiB (from {:.2f} GiB), step {:+.3f} s over the "
       "configured modes ({:.3f} -> {:.3f} s); {} plan{} simulated",
       modules, m.peak_bytes / kGiB, m.hbm_bytes / kGiB, m.start_peak_bytes / kGiB,
       m.step_s - m.start_step_s, m.start_step_s, m.step_s, m.plans, m.plans == 1 ? "" : "s");
@@ -691,10 +774,10 @@ std::string MemoryChoiceText(const MemoryChoice& m) {
 nlohmann::json MemoryChoiceJson(const MemoryChoice& m) {
   nlohmann::json j;
   std::vector<std::string> text;
-  for (Recompute r : m.text) text.emplace_back(RecomputeName(r));
-  j["recompute_by_pp_rank"] = text;
-  if (m.has_vision) j["vision_recompute"] = RecomputeName(m.vision);
-  if (m.has_generator) j["generator_recompute"] = RecomputeName(m.generator);
+  for (MemoryMode r : m.text) text.push_back(MemoryModeName(r));
+  j["by_pp_rank"] = text;
+  if (m.has_vision) j["vision"] = MemoryModeName(m.vision);
+  if (m.has_generator) j["generator"] = MemoryModeName(m.generator);
   j["fits"] = m.fits;
   j["plans_simulated"] = m.plans;
   j["start_step_time_s"] = m.start_step_s;

@@ -7,12 +7,20 @@
 
 namespace pipeplan {
 
-// What `training.memory: auto` chose: the recompute mode of each pipeline rank's LLM
-// layers and of the encoder and generator, found by simulating candidate plans (see
-// BuildPlan). Times in seconds, memory in bytes per GPU (max over ranks).
+// How one module keeps its activations for the backward.
+struct MemoryMode {
+  Recompute recompute = Recompute::kNone;
+  ActStorage storage = ActStorage::kBf16;
+  bool operator==(const MemoryMode&) const = default;
+};
+std::string MemoryModeName(MemoryMode m);  // "full", "none+fp8", ...
+
+// What `training.memory: auto` chose: the mode of each pipeline rank's LLM layers and of
+// the encoder and generator, found by simulating candidate plans (see BuildPlan). Times in
+// seconds, memory in bytes per GPU (max over ranks).
 struct MemoryChoice {
-  std::vector<Recompute> text;  // per pipeline rank
-  Recompute vision = Recompute::kNone, generator = Recompute::kNone;
+  std::vector<MemoryMode> text;  // per pipeline rank
+  MemoryMode vision, generator;
   bool has_vision = false, has_generator = false;
   bool fits = false;
   int plans = 0;                                  // plans built and simulated by the search
@@ -23,15 +31,17 @@ struct MemoryChoice {
 std::string MemoryChoiceText(const MemoryChoice& m);  // one line with units
 nlohmann::json MemoryChoiceJson(const MemoryChoice& m);
 
-// The operator table of a config. Under `training.memory: auto` the recompute modes are
-// searched first (the start: the configured modes, none where not given): while a rank runs
-// out of memory, the module holding the most activation bytes at that rank's peak (its
-// pipeline rank's LLM layers, the encoder or the generator) goes one level up (none ->
-// selective -> full) and the plan is simulated again; once it fits, each raised mode is
-// tried one level lower and kept there if the plan still fits and is no slower, so no
-// single mode can be lowered without running out of memory or slowing the step. The plan stores the
-// chosen modes (and `memory: manual`) in its config, so a re-plan of that config reproduces it.
-// `choice`, when given, receives the outcome.
+// The operator table of a config. Under `training.memory: auto` the modes are searched
+// first. Each module (a pipeline rank's LLM layers, the encoder, the generator) has a
+// ladder of modes from its configured one (none / bf16 where not given) up, each keeping
+// fewer bytes: none, fp8 storage, full recompute, full + fp8 (plan.cc: Ladder; fp8 only
+// when training.memory_policies lists it). While a rank runs out of memory, the module
+// holding the most activation bytes at that rank's peak goes one step up and the plan is
+// simulated again; once it fits, each raised module is tried one step lower and kept there
+// if the plan still fits and is no slower, so no single module can step down without
+// running out of memory or slowing the step. The plan stores the chosen modes (and
+// `memory: manual`) in its config, so a re-plan of that config reproduces it. `choice`,
+// when given, receives the outcome.
 StatusOr<Table> BuildPlan(const Config& config, MemoryChoice* choice = nullptr);
 
 // Ranks of a config: (replica d, stage s) -> rank d*pp + s with GPU placement in

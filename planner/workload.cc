@@ -16,7 +16,14 @@ bool IsMoeLayer(const LlmConfig& l, int layer) {
 
 }  // namespace
 
-LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc) {
+SavedBytes Saved(double bf16, double other, ActStorage storage) {
+  if (storage == ActStorage::kBf16) return {bf16 + other, 0};
+  // Quantise: read the bf16 tensor, write the fp8 one with its scales; dequantise: the
+  // reverse.
+  return {bf16 * kFp8StoredPerBf16 + other, bf16 * (1 + kFp8StoredPerBf16)};
+}
+
+LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc, ActStorage storage) {
   const LlmConfig& l = c.model.llm;
   const ParallelConfig& p = c.parallel;
   const double b = c.training.micro_batch_size, s = c.training.seq_length, h = l.hidden;
@@ -88,19 +95,26 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc) {
   // keeps no s^2 tensor, only the fp32 log-sum-exp per head and token.
   // Without sequence parallelism the 10*s*b*h of norm inputs and dropout masks is not
   // sharded over tp (Korthikanti et al., table 2).
+  // Of the 18*h, 2*h are the two 1-byte dropout masks; of the 5*a*s, 1*a*s is the
+  // attention-dropout mask; the log-sum-exp is fp32: FP8 storage leaves those as they are
+  // and quantises the bf16 rest (as it does the 10*s*b*h replicated without sequence
+  // parallelism: kept bf16 here, an overestimate).
+  double bf16 = 0, other = 0;
   switch (rc) {
     case Recompute::kNone:
-      lc.act_bytes = T * (18 * h + ffn_act) +
-                     (flash ? 4.0 * l.heads * T : (dropout ? 5.0 : 2.0) * l.heads * s * T);
+      bf16 = T * (16 * h + ffn_act) + (flash ? 0 : (dropout ? 4.0 : 2.0) * l.heads * s * T);
+      other = 2 * T * h + (flash ? 4.0 * l.heads * T : dropout ? 1.0 * l.heads * s * T : 0);
       break;
     case Recompute::kSelective:
-      lc.act_bytes = T * (18 * h + ffn_act);
+      bf16 = T * (16 * h + ffn_act), other = 2 * T * h;
       break;
     case Recompute::kFull:
-      lc.act_bytes = 2 * T * h;
+      bf16 = 2 * T * h;
       break;
   }
-  lc.act_bytes /= shard;
+  const SavedBytes saved = Saved(bf16 / shard, other / shard, storage);
+  lc.act_bytes = saved.kept;
+  lc.store_hbm_f = lc.store_hbm_b = saved.quantise_hbm;
   if (!c.training.sequence_parallel && rc != Recompute::kFull)
     lc.act_bytes += 10 * T * h * (1 / cp - 1 / shard);
   if (c.training.precision == Precision::kFp8) {
@@ -156,11 +170,13 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
   const double shard = static_cast<double>(p.tp) * p.cp;
   const double sp_shard = c.training.sequence_parallel ? shard : p.cp;
   const double V = l.vocab, h = l.hidden;
-  // Layer costs by recompute mode (the mode is per pipeline rank).
-  std::array<LayerCost, 3> dense_of, moe_of;
-  for (int r = 0; r < 3; ++r) {
-    dense_of[r] = TextLayerCost(c, false, static_cast<Recompute>(r));
-    moe_of[r] = TextLayerCost(c, true, static_cast<Recompute>(r));
+  // Layer costs by recompute mode and activation storage (both are per pipeline rank).
+  std::array<LayerCost, 6> dense_of, moe_of;
+  for (int k = 0; k < 6; ++k) {
+    const auto rc = static_cast<Recompute>(k / 2);
+    const auto st = static_cast<ActStorage>(k % 2);
+    dense_of[k] = TextLayerCost(c, false, rc, st);
+    moe_of[k] = TextLayerCost(c, true, rc, st);
   }
   TextWorkload w;
   w.tokens_per_mb = T;
@@ -173,13 +189,14 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
   }
   for (size_t g = 0; g < p.stages.size(); ++g) {
     const StageSpan& span = p.stages[g];
-    const Recompute rc =
-        c.training.RecomputeOf(HomeOf(placement, p.pp, static_cast<int32_t>(g)).pp_rank);
-    const LayerCost& dense = dense_of[static_cast<int>(rc)];
-    const LayerCost& moe = moe_of[static_cast<int>(rc)];
+    const int32_t pp_rank = HomeOf(placement, p.pp, static_cast<int32_t>(g)).pp_rank;
+    const Recompute rc = c.training.RecomputeOf(pp_rank);
+    const int k = 2 * static_cast<int>(rc) + static_cast<int>(c.training.StorageOf(pp_rank));
+    const LayerCost& dense = dense_of[k];
+    const LayerCost& moe = moe_of[k];
     Work f, bw;
     double params = 0, act = 0, attn_core = 0, attn_hbm_f = 0, attn_hbm_b = 0;
-    double linear = 0, cast_f = 0, cast_b = 0, keep = 0;
+    double linear = 0, cast_f = 0, cast_b = 0, keep = 0, store_f = 0, store_b = 0;
     f.layer_begin = bw.layer_begin = span.layer_begin;
     f.layer_end = bw.layer_end = span.layer_end;
     for (int layer = span.layer_begin; layer < span.layer_end; ++layer) {
@@ -191,6 +208,7 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
       linear += lc.linear_flops, cast_f += lc.fp8_cast_f, cast_b += lc.fp8_cast_b;
       params += lc.params_per_gpu;
       act += lc.act_bytes;
+      store_f += lc.store_hbm_f, store_b += lc.store_hbm_b;
       keep += lc.wgrad_keep_bytes;
       f.hbm_bytes += lc.elementwise_bytes;
       f.tp_bytes += lc.tp_bytes, f.tp_calls += lc.tp_calls;
@@ -235,6 +253,11 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
                    (rc == Recompute::kFull        ? f.hbm_bytes - loss_hbm
                     : rc == Recompute::kSelective ? attn_hbm_f
                                                   : 0);
+    // FP8 storage: the forward quantises what it saves, the backward dequantises it (one
+    // pass per layer each: a kernel).
+    const int stored_layers = store_f > 0 ? span.layer_end - span.layer_begin : 0;
+    f.hbm_bytes += store_f, bw.hbm_bytes += store_b;
+    f.kernels += stored_layers;
     const int again = rc == Recompute::kFull ? 2 : 1;  // full recompute repeats the forward's
     bw.tp_bytes = f.tp_bytes * again, bw.tp_calls = f.tp_calls * again;
     bw.ep_bytes = f.ep_bytes * again, bw.ep_calls = f.ep_calls * again;

@@ -11,18 +11,21 @@
 namespace pipeplan {
 
 struct LayerCost {
-  double fwd_flops = 0;          // one layer, one micro-batch, all GPUs of the rank
-  double model_flops = 0;        // fwd_flops with the causal half of the scores only
-  double attn_core_flops = 0;    // scores and values: the part selective recompute redoes
-  bool attn_fused = true;        // core attention runs as one fused kernel (attention rate)
-  double attn_bwd_factor = 2;    // backward FLOPs of the core attention / forward
-  double attn_hbm_f = 0;         // s^2 traffic per GPU of unfused attention, forward
-  double attn_hbm_b = 0;         // the same, backward
-  double linear_flops = 0;       // forward FLOPs of the linear layers (FP8-eligible GEMMs)
-  double fp8_cast_f = 0;         // FP8 cast-transpose traffic per GPU, forward (precision fp8)
-  double fp8_cast_b = 0;         // the same, backward
-  double params_per_gpu = 0;     // parameters per GPU
-  double act_bytes = 0;          // activation bytes per GPU kept for backward (by recompute mode)
+  double fwd_flops = 0;        // one layer, one micro-batch, all GPUs of the rank
+  double model_flops = 0;      // fwd_flops with the causal half of the scores only
+  double attn_core_flops = 0;  // scores and values: the part selective recompute redoes
+  bool attn_fused = true;      // core attention runs as one fused kernel (attention rate)
+  double attn_bwd_factor = 2;  // backward FLOPs of the core attention / forward
+  double attn_hbm_f = 0;       // s^2 traffic per GPU of unfused attention, forward
+  double attn_hbm_b = 0;       // the same, backward
+  double linear_flops = 0;     // forward FLOPs of the linear layers (FP8-eligible GEMMs)
+  double fp8_cast_f = 0;       // FP8 cast-transpose traffic per GPU, forward (precision fp8)
+  double fp8_cast_b = 0;       // the same, backward
+  double params_per_gpu = 0;   // parameters per GPU
+  double act_bytes = 0;        // activation bytes per GPU kept for backward (by recompute mode)
+  // FP8 storage of the saved activations: quantise in the forward (read the bf16 tensor,
+  // write the fp8 one and its scales), dequantise in the backward; HBM bytes per GPU.
+  double store_hbm_f = 0, store_hbm_b = 0;
   double elementwise_bytes = 0;  // HBM traffic of memory-bound kernels per GPU, forward
   double tp_bytes = 0;           // TP collective bus bytes per GPU, forward
   int tp_calls = 0;
@@ -46,7 +49,21 @@ struct TextWorkload {
   double tokens_per_mb = 0;            // LLM tokens per micro-batch
 };
 
-LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc);
+// FP8 storage of a saved bf16 tensor: 1 byte per element plus one fp32 scale per 1x128
+// block (the tile-wise activation quantisation of DeepSeek-V3, section 3.3.1), per bf16
+// byte.
+constexpr double kFp8StoredPerBf16 = (1 + 4.0 / 128) / 2;
+
+// Saved activation bytes of `bf16` bytes of quantisable tensors plus `other` bytes (1-byte
+// masks, fp32 statistics: kept as they are) under `storage`, and the HBM traffic of
+// quantising them once (the same again to dequantise).
+struct SavedBytes {
+  double kept = 0, quantise_hbm = 0;
+};
+SavedBytes Saved(double bf16, double other, ActStorage storage);
+
+LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc,
+                        ActStorage storage = ActStorage::kBf16);
 // Chunks in global stage order; `placement` maps them to pipeline ranks (whose recompute
 // mode applies).
 TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement);

@@ -56,6 +56,12 @@ TEST_CASE("training.recompute as a list: one mode per pipeline rank, errors name
   CHECK(ParseError(plain, {"training.recompute=[full, sometimes]"}) ==
         "--set training.recompute=[full, sometimes]: bad value 'sometimes' in the list "
         "'training.recompute' (expected one of: none, selective, full)");
+  CHECK(ParseError(plain, {"training.saved_activations=[fp8]"}) ==
+        "--set training.saved_activations=[fp8]: the list has 1 entry; one per pipeline rank "
+        "(pp = 2) is needed");
+  CHECK(ParseError(plain, {"training.memory_policies=[fp8]"}) ==
+        "--set training.memory_policies=[fp8]: 'training.memory_policies' applies only with "
+        "'training.memory: auto'");
   CHECK(ParseError(plain, {"training.memory=always"}) ==
         "--set training.memory=always: bad value 'always' for 'training.memory' (expected one "
         "of: manual, auto)");
@@ -85,7 +91,7 @@ TEST_CASE("recompute per pipeline rank changes only the chunks that rank holds")
 
 TEST_CASE("memory: auto raises recompute where ranks run out of memory, and no further") {
   // The executor tests' multimodal config (pp 4, 8 micro-batches, 2048^2 images); HBM is
-  // set so that some modes must rise but not all (without recompute it needs 216 GiB).
+  // set so that some modes must rise but not all.
   const std::vector<std::string> tight = {"training.memory=auto",
                                           "cluster.hardware.hbm_bytes=2.6e9"};
   const Config c = MultimodalConfig("nested", tight);
@@ -103,32 +109,37 @@ TEST_CASE("memory: auto raises recompute where ranks run out of memory, and no f
   CHECK(choice.start_peak_bytes > 2.6e9);
   CHECK(choice.step_s >= choice.start_step_s);  // recompute only adds work
 
-  // Some mode rose, not every one: the search stops where the plan fits.
+  // Only recompute (the default policy); selective never, the attention being fused; some
+  // module rose, not every one: the search stops where the plan fits.
+  std::vector<MemoryMode> modes = choice.text;
+  modes.push_back(choice.vision);
   int raised = 0;
-  for (Recompute r : choice.text) raised += r != Recompute::kNone;
-  raised += choice.vision != Recompute::kNone;
+  for (MemoryMode mode : modes) {
+    CHECK(mode.storage == ActStorage::kBf16);
+    CHECK(mode.recompute != Recompute::kSelective);
+    raised += mode.recompute == Recompute::kFull;
+  }
   CHECK(raised > 0);
   CHECK(raised < 5);
 
-  // Minimal: each raised mode one level lower (set by hand) runs out of memory or is slower.
-  auto manual = [&](std::vector<Recompute> text, Recompute vision) {
+  // Minimal: each raised module one step lower (back to none: the recompute ladder under
+  // fused attention is none, full), set by hand, runs out of memory or is slower.
+  auto manual = [&](const std::vector<MemoryMode>& ms) {
+    std::vector<Recompute> text;
+    for (size_t r = 0; r + 1 < ms.size(); ++r) text.push_back(ms[r].recompute);
     return MultimodalConfig(
         "nested", {"cluster.hardware.hbm_bytes=2.6e9", "training.recompute=" + ModeList(text),
-                   fmt::format("model.vision.recompute={}", RecomputeName(vision))});
+                   fmt::format("model.vision.recompute={}", RecomputeName(ms.back().recompute))});
   };
-  const Config chosen = manual(choice.text, choice.vision);
-  const Metrics at_choice = Simulated(chosen, Plan(chosen));
-  CHECK(at_choice.step_time_s == m.step_time_s);
-  auto down = [](Recompute r) { return static_cast<Recompute>(static_cast<int>(r) - 1); };
-  for (size_t r = 0; r <= choice.text.size(); ++r) {
+  const Config chosen = manual(modes);
+  CHECK(Simulated(chosen, Plan(chosen)).step_time_s == m.step_time_s);
+  for (size_t r = 0; r < modes.size(); ++r) {
     CAPTURE(r);
-    std::vector<Recompute> text = choice.text;
-    Recompute vision = choice.vision;
-    Recompute& mode = r < text.size() ? text[r] : vision;
-    if (mode == Recompute::kNone) continue;
-    mode = down(mode);
-    const Config lower = manual(text, vision);
-    const Metrics lm = Simulated(lower, Plan(lower));
+    if (modes[r].recompute == Recompute::kNone) continue;
+    std::vector<MemoryMode> lower = modes;
+    lower[r].recompute = Recompute::kNone;
+    const Config k = manual(lower);
+    const Metrics lm = Simulated(k, Plan(k));
     CHECK((lm.oom || lm.step_time_s > m.step_time_s));
   }
 
@@ -136,8 +147,81 @@ TEST_CASE("memory: auto raises recompute where ranks run out of memory, and no f
   auto stored = ConfigOfPlan(*t, "plan.pb");
   REQUIRE_MESSAGE(stored.ok(), stored.status().message());
   CHECK(!stored->training.memory_auto);
-  for (int r = 0; r < 4; ++r) CHECK(stored->training.RecomputeOf(r) == choice.text[r]);
-  CHECK(stored->model.vision.recompute == choice.vision);
+  for (int r = 0; r < 4; ++r) CHECK(stored->training.RecomputeOf(r) == choice.text[r].recompute);
+  CHECK(stored->model.vision.recompute == choice.vision.recompute);
+}
+
+TEST_CASE("memory: auto with fp8 storage allowed is never slower; fp8 alone keeps recompute off") {
+  auto search = [](std::vector<std::string> sets) {
+    sets.push_back("training.memory=auto");
+    MemoryChoice choice;
+    auto t = BuildPlan(MultimodalConfig("nested", sets), &choice);
+    REQUIRE_MESSAGE(t.ok(), t.status().message());
+    return choice;
+  };
+  const MemoryChoice recompute = search({"cluster.hardware.hbm_bytes=4e9"});
+  const MemoryChoice both =
+      search({"cluster.hardware.hbm_bytes=4e9", "training.memory_policies=[recompute, fp8]"});
+  REQUIRE(recompute.fits);
+  REQUIRE(both.fits);
+  CHECK(both.step_s <= recompute.step_s);
+  CHECK(both.plans > recompute.plans);  // it ran the recompute-only search among others
+
+  const MemoryChoice fp8 =
+      search({"cluster.hardware.hbm_bytes=6e9", "training.memory_policies=fp8"});
+  REQUIRE(fp8.fits);
+  CHECK(fp8.peak_bytes <= 6e9);
+  CHECK(fp8.vision.storage == ActStorage::kFp8);
+  for (MemoryMode mode : fp8.text) CHECK(mode.recompute == Recompute::kNone);
+  CHECK(fp8.vision.recompute == Recompute::kNone);
+  // FP8 storage costs only (de)quantisation traffic: far less than recompute's extra work.
+  CHECK(fp8.step_s - fp8.start_step_s < recompute.step_s - recompute.start_step_s);
+}
+
+TEST_CASE("fp8 storage of saved activations: bytes and (de)quantisation traffic by hand") {
+  // DeepSeek-V3's 1x128 tiles: 1 byte per element + a 4-byte scale per 128 elements, i.e.
+  // k = (1 + 4/128) / 2 of the bf16 bytes. pp 2: stage 0 holds 2 layers, no loss.
+  const double k = (1 + 4.0 / 128) / 2;
+  auto stage0 = [](const char* rc, const char* st) {
+    return BuildTextWorkload(SmallConfig(PipelineKind::k1F1B, 2, 1, 4, 1,
+                                         {std::string("training.recompute=") + rc,
+                                          std::string("training.saved_activations=") + st}));
+  };
+  // Full recompute keeps the layer input, 2*T*h bf16 bytes per layer: all of it quantised.
+  const TextWorkload full = stage0("full", "bf16"), full8 = stage0("full", "fp8");
+  const double inputs = 2 * 2 * kT * kH;
+  CHECK(full8.f[0].mem_delta_bytes == doctest::Approx(k * inputs));
+  CHECK(full8.b[0].mem_delta_bytes == doctest::Approx(-k * inputs));
+  // Quantise: read 2 bytes, write the stored ones; dequantise: the reverse.
+  CHECK(full8.f[0].hbm_bytes - full.f[0].hbm_bytes == doctest::Approx((1 + k) * inputs));
+  CHECK(full8.b[0].hbm_bytes - full.b[0].hbm_bytes == doctest::Approx((1 + k) * inputs));
+  CHECK(full8.b[0].flops == full.b[0].flops);
+  // Without recompute the bf16 tensors are the selective set minus the 2*T*h of 1-byte
+  // dropout masks (Korthikanti et al.'s 34*s*b*h: 32 bf16 + 2 masks); masks and the fp32
+  // log-sum-exp stay: saved = (selective - full recompute's 2*T*h) * (1 - k).
+  const TextWorkload none = stage0("none", "bf16"), none8 = stage0("none", "fp8");
+  const TextWorkload sel = stage0("selective", "bf16");
+  const double bf16 = sel.f[0].mem_delta_bytes - full.f[0].mem_delta_bytes;
+  CHECK(none.f[0].mem_delta_bytes - none8.f[0].mem_delta_bytes == doctest::Approx(bf16 * (1 - k)));
+
+  // The encoder: per task, full recompute's stored input shrinks by k and the traffic added
+  // each way is the bf16 bytes times (1 + k).
+  auto tasks = [](const char* st) {
+    const Config c = MultimodalConfig(
+        "nested",
+        {"model.vision.recompute=full", std::string("model.vision.saved_activations=") + st});
+    auto batch = MakeStepBatch(c);
+    REQUIRE(batch.ok());
+    return BuildModalityWork(c, *batch, VisionPool{}, false).vision;
+  };
+  const auto v16 = tasks("bf16"), v8 = tasks("fp8");
+  REQUIRE(v16.size() == v8.size());
+  for (size_t i = 0; i < v16.size(); ++i) {
+    CAPTURE(i);
+    CHECK(v8[i].act_bytes == doctest::Approx(k * v16[i].act_bytes));
+    CHECK(v8[i].f.hbm_bytes - v16[i].f.hbm_bytes == doctest::Approx((1 + k) * v16[i].act_bytes));
+    CHECK(v8[i].b.hbm_bytes - v16[i].b.hbm_bytes == doctest::Approx((1 + k) * v16[i].act_bytes));
+  }
 }
 
 TEST_CASE("memory: auto keeps the configured modes when they fit, says so when nothing fits") {
@@ -148,16 +232,16 @@ TEST_CASE("memory: auto keeps the configured modes when they fit, says so when n
   CHECK(ample.fits);
   CHECK(ample.plans == 1);
   CHECK(ample.step_s == ample.start_step_s);
-  for (Recompute r : ample.text) CHECK(r == Recompute::kNone);
-  CHECK(ample.vision == Recompute::kFull);
+  for (MemoryMode r : ample.text) CHECK(r.recompute == Recompute::kNone);
+  CHECK(ample.vision.recompute == Recompute::kFull);
 
   MemoryChoice none;
   const Config tiny =
       MultimodalConfig("nested", {"training.memory=auto", "cluster.hardware.hbm_bytes=1e9"});
   REQUIRE(BuildPlan(tiny, &none).ok());
   CHECK(!none.fits);
-  for (Recompute r : none.text) CHECK(r == Recompute::kFull);
-  CHECK(none.vision == Recompute::kFull);
+  for (MemoryMode r : none.text) CHECK(r.recompute == Recompute::kFull);
+  CHECK(none.vision.recompute == Recompute::kFull);
   CHECK(MemoryChoiceText(none).rfind("does not fit", 0) == 0);
 }
 
