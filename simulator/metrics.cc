@@ -111,6 +111,7 @@ Metrics ComputeMetrics(const Table& t, const Timeline& tl, const std::vector<dou
     if (r < static_cast<int32_t>(memory.size())) {
       const RankMemory& mem = memory[r];
       rm.peak_memory_bytes = mem.peak_bytes;
+      rm.at_peak = mem.at_peak;
       for (int c = kActText; c <= kActGenerator; ++c)
         rm.peak_by_module[ModuleOfCat(c)] = mem.peak_by_cat[c];
       rm.oom = mem.oom;
@@ -147,6 +148,8 @@ nlohmann::json MetricsJson(const Metrics& m) {
     nlohmann::json by_module;
     for (int k = 0; k < 3; ++k)
       by_module[std::string(ModuleName(static_cast<Module>(k)))] = r.peak_by_module[k];
+    nlohmann::json at_peak;
+    for (int c = 0; c < kNumMemCats; ++c) at_peak[MemCatName(c)] = r.at_peak[c];
     ranks.push_back({{"rank", r.rank},
                      {"pp", r.pp},
                      {"dp", r.dp},
@@ -155,6 +158,7 @@ nlohmann::json MetricsJson(const Metrics& m) {
                      {"bubble_fraction", r.bubble_fraction},
                      {"peak_memory_bytes", r.peak_memory_bytes},
                      {"peak_memory_by_module", by_module},
+                     {"memory_at_peak_bytes", at_peak},
                      {"oom", r.oom}});
   }
   return {{"unit_costs", m.unit_costs},

@@ -20,6 +20,7 @@ struct RankMetrics {
   double bubble_fraction = 0;    // idle / step time
   double peak_memory_bytes = 0;  // per GPU
   std::array<double, kNumModules> peak_by_module{};  // activation peak per module, bytes
+  std::array<double, kNumMemCats> at_peak{};  // each memory category at the rank's peak, bytes
   bool oom = false;
 };
 

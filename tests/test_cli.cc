@@ -117,8 +117,35 @@ TEST_CASE("simulate --json has the documented fields") {
                         "peak_memory_bytes", "oom", "ops", "ranks"})
     CHECK_MESSAGE(j.contains(k), k);
   for (const char* k : {"rank", "pp", "dp", "busy_s", "idle_s", "bubble_fraction",
-                        "peak_memory_bytes", "peak_memory_by_module"})
+                        "peak_memory_bytes", "peak_memory_by_module", "memory_at_peak_bytes"})
     CHECK_MESSAGE(j["ranks"][0].contains(k), k);
+  // The categories at the peak add up to the peak.
+  for (const auto& rank : j["ranks"]) {
+    double sum = 0;
+    for (auto& [cat, bytes] : rank["memory_at_peak_bytes"].items()) sum += bytes.get<double>();
+    CHECK(sum == doctest::Approx(rank["peak_memory_bytes"].get<double>()));
+  }
+  CHECK(!j.contains("memory_auto"));
+}
+
+TEST_CASE("plan and simulate report what training.memory: auto chose, in text and JSON") {
+  const std::string cfg = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/default.yaml";
+  const std::string sets = " --set training.memory=auto --set cluster.hardware.hbm_bytes=12e9";
+  RunResult text = RunCli("simulate " + cfg + sets);
+  REQUIRE(text.exit_code == 0);
+  CHECK(text.out.find("\nmemory auto: LLM by pp rank [") != std::string::npos);
+  RunResult js = RunCli("simulate " + cfg + sets + " --json");
+  REQUIRE(js.exit_code == 0);
+  auto j = nlohmann::json::parse(js.out);
+  const auto& m = j.at("memory_auto");
+  CHECK(m.at("fits") == true);
+  CHECK(m.at("by_pp_rank").size() == 4);
+  CHECK(m.at("peak_memory_bytes").get<double>() == j.at("peak_memory_bytes").get<double>());
+  CHECK(m.at("step_time_s").get<double>() == j.at("step_time_s").get<double>());
+  CHECK(m.at("start_peak_memory_bytes").get<double>() > 12e9);
+  RunResult plan = RunCli("plan " + cfg + sets + " --json");
+  REQUIRE(plan.exit_code == 0);
+  CHECK(nlohmann::json::parse(plan.out).at("memory_auto") == m);
 }
 
 TEST_CASE("show prints a rank's sequence in the string form") {
