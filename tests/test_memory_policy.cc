@@ -151,7 +151,8 @@ TEST_CASE("memory: auto raises recompute where ranks run out of memory, and no f
   CHECK(stored->model.vision.recompute == choice.vision.recompute);
 }
 
-TEST_CASE("memory: auto with fp8 storage allowed is never slower; fp8 alone keeps recompute off") {
+TEST_CASE(
+    "memory: auto with fp8 storage allowed is never slower, and fp8 alone keeps recompute off") {
   auto search = [](std::vector<std::string> sets) {
     sets.push_back("training.memory=auto");
     MemoryChoice choice;
