@@ -21,6 +21,8 @@ import os
 import subprocess
 import sys
 
+from readme_table import update
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- repro:begin -->", "<!-- repro:end -->"
 MAE_BOUND, MAX_BOUND = 0.10, 0.20
@@ -93,27 +95,14 @@ def main():
     ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"))
     args = ap.parse_args()
     text, failures = table(args.bin)
-    with open(args.readme) as f:
-        readme = f.read()
-    if BEGIN not in readme or END not in readme:
-        sys.exit(f"{args.readme}: missing the {BEGIN} / {END} markers")
-    head, rest = readme.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    updated = f"{head}{BEGIN}\n{text}{END}{tail}"
-    if args.check:
-        if updated != readme:
-            sys.exit("README.md's reproduction table is stale: run scripts/repro.py")
-        if failures:
-            sys.exit("published runs not reproduced:\n  " + "\n  ".join(failures))
-        print(text, end="")
-        return
-    tmp = args.readme + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(updated)
-    os.replace(tmp, args.readme)
+    update(args.readme, BEGIN, END, text, args.check,
+           "the reproduction table; run scripts/repro.py")
+    if args.check and failures:
+        sys.exit("published runs not reproduced:\n  " + "\n  ".join(failures))
     print(text, end="")
-    for failure in failures:
-        print(f"warning: {failure}", file=sys.stderr)
+    if not args.check:
+        for failure in failures:
+            print(f"warning: {failure}", file=sys.stderr)
 
 
 if __name__ == "__main__":
