@@ -78,7 +78,9 @@ Command MakeSimulateCommand() {
                  in->config.cluster.nodes * in->config.cluster.gpus_per_node,
                  in->config.cluster.spec.name, o->cost);
       fmt::print("{}", MetricsText(sim->metrics));
-      if (in->memory) fmt::print("memory auto: {}\n", MemoryChoiceText(*in->memory));
+      if (in->memory)  // the search itself always prices with the real cost model
+        fmt::print("memory auto: {}{}\n", MemoryChoiceText(*in->memory),
+                   o->cost == "unit" ? " (searched with the real cost model)" : "");
       if (!o->trace.empty()) fmt::print("trace: {}\n", o->trace);
     }
     return 0;

@@ -192,7 +192,9 @@ class MapReader {
     auto n = Find(names, false);
     if (!n) return;
     std::string path = Path(*names.begin());
-    std::string v = n->IsScalar() ? n->as<std::string>() : "";
+    if (!n->IsScalar())
+      return ctx_->Fail(*n, path, fmt::format("'{}' takes one value, not a list or mapping", path));
+    std::string v = n->as<std::string>();
     for (size_t i = 0; i < N; ++i)
       if (v == values[i]) return void(*out = static_cast<E>(i));
     std::string list;
@@ -789,7 +791,7 @@ void CheckConsistency(Config* c, Ctx* ctx) {
         std::pair{"training.saved_activations", t.saved_activations_by_rank.size()}})
     if (n != 0 && static_cast<int>(n) != p.pp)
       return ctx->FailAt(
-          key, fmt::format("the list has {} entr{}; one per pipeline rank (pp = {}) is needed", n,
+          key, fmt::format("'{}' has {} entr{}; one per pipeline rank (pp = {}) is needed", key, n,
                            n == 1 ? "y" : "ies", p.pp));
   if (t.precision == Precision::kFp8 && c->cluster.spec.fp8_flops <= 0)
     return ctx->FailAt("training.precision",

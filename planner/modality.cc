@@ -62,23 +62,6 @@ double ShardSeconds(const Config& c, int64_t patches, int k) {
          attn / (s.bf16_flops * s.attention_efficiency) + ExposedGatherBytes(c, patches, k) / bw;
 }
 
-// Activation bytes one token keeps per layer of the encoder or generator for its backward
-// (Korthikanti et al.): 18*d + 4*mlp; their attention is fused, so without recompute only
-// the fp32 log-sum-exp per head (4*heads) is added, no scores; full recompute keeps the
-// layer input, 2*d. Of the 18*d, 2*d are 1-byte dropout masks: FP8 storage quantises the
-// bf16 rest (workload.h: Saved).
-SavedBytes SavedPerToken(Recompute rc, ActStorage storage, double d, double mlp, double heads) {
-  switch (rc) {
-    case Recompute::kNone:
-      return Saved(16 * d + 4 * mlp, 2 * d + 4 * heads, storage);
-    case Recompute::kSelective:
-      return Saved(16 * d + 4 * mlp, 2 * d, storage);
-    case Recompute::kFull:
-      return Saved(2 * d, 0, storage);
-  }
-  return {};
-}
-
 SavedBytes VisionSavedPerPatch(const Config& c) {
   const VisionConfig& v = c.model.vision;
   SavedBytes s = SavedPerToken(v.recompute, v.saved_activations, v.hidden, v.mlp, v.heads);
@@ -248,6 +231,7 @@ VisionTask TaskFromLoad(const Config& c, const GpuLoad& load, double model_flops
   t.b.model_flops = 2 * model_flops, t.b.hbm_bytes = 2 * t.f.hbm_bytes;
   t.f.hbm_bytes += store_hbm, t.b.hbm_bytes += store_hbm;  // FP8 storage: (de)quantise
   t.b.tp_bytes = 2 * t.f.tp_bytes, t.b.tp_calls = 2 * t.f.tp_calls, t.b.kernels = 2 * t.f.kernels;
+  if (store_hbm > 0) t.f.kernels += v.layers, t.b.kernels += v.layers;  // (de)quantise
   if (v.tp > 1) {
     // Encoder tensor parallelism (model.vision.tp): a TP group runs the images its GPUs
     // would have run one by one, with Megatron's 2 all-reduces per layer in the forward and
@@ -440,6 +424,7 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
         const double store_hbm = tokens / gpus * g.layers * saved.quantise_hbm;
         t.f.hbm_bytes += store_hbm, t.b.hbm_bytes += store_hbm;  // FP8 storage: (de)quantise
         t.b.tp_bytes = t.f.tp_bytes, t.b.tp_calls = t.f.tp_calls, t.b.kernels = 2 * t.f.kernels;
+        if (store_hbm > 0) t.f.kernels += g.layers, t.b.kernels += g.layers;  // (de)quantise
         t.b.mem_delta_bytes = -act;
         t.seconds = cost.ComputeSeconds(t.f, gpus, gpus, 1, c.cluster.gpus_per_node);
         t.tokens = tokens;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <optional>
 
@@ -551,31 +552,38 @@ StatusOr<Table> PlanOnce(const Config& c) {
 }
 
 // The modes the memory search may use for one module (a pipeline rank's LLM layers, the
-// encoder, the generator), from the configured one up, each keeping fewer activation bytes
-// than the one before: none, fp8 storage, full recompute, both. Selective recompute is left
-// out where the attention is fused (it would save only the fp32 log-sum-exp and recompute
-// the attention core: more time for next to nothing); with unfused attention it comes
-// after none and none + fp8 (it drops the s^2 scores). Policies not in
-// training.memory_policies keep their configured value.
-std::vector<MemoryMode> Ladder(const Config& c, MemoryMode start, bool fused) {
-  using R = Recompute;
-  using S = ActStorage;
-  const std::vector<MemoryMode> order =
-      fused ? std::vector<MemoryMode>{{R::kNone, S::kBf16}, {R::kSelective, S::kBf16},
-                                      {R::kNone, S::kFp8},  {R::kSelective, S::kFp8},
-                                      {R::kFull, S::kBf16}, {R::kFull, S::kFp8}}
-            : std::vector<MemoryMode>{{R::kNone, S::kBf16},      {R::kNone, S::kFp8},
-                                      {R::kSelective, S::kBf16}, {R::kSelective, S::kFp8},
-                                      {R::kFull, S::kBf16},      {R::kFull, S::kFp8}};
-  const size_t from = std::find(order.begin(), order.end(), start) - order.begin();
-  std::vector<MemoryMode> ladder = {start};
-  for (size_t i = from + 1; i < order.size(); ++i) {
-    const MemoryMode& m = order[i];
-    if (fused && m.recompute == R::kSelective) continue;
-    if (!c.training.memory_recompute && m.recompute != start.recompute) continue;
-    if (!c.training.memory_fp8 && m.storage != start.storage) continue;
-    ladder.push_back(m);
+// encoder, the generator): its configured mode, then the modes the allowed policies
+// (training.memory_policies) reach that keep fewer bytes (`bytes_of`, per layer and token
+// or per layer), fewest last, without the dominated ones: a mode is left out when one
+// keeping fewer bytes costs no more (cost order: recompute none < selective < full, then
+// bf16 < fp8: FP8 storage adds only HBM traffic). With fused attention, selective recompute
+// is left out when none is allowed: it keeps only the fp32 log-sum-exp less and recomputes
+// the attention core.
+std::vector<MemoryMode> Ladder(const Config& c, MemoryMode start, bool fused,
+                               const std::function<double(MemoryMode)>& bytes_of) {
+  auto cost = [](MemoryMode m) {
+    return 2 * static_cast<int>(m.recompute) + static_cast<int>(m.storage);
+  };
+  const double start_bytes = bytes_of(start);
+  std::vector<std::pair<double, MemoryMode>> modes;  // (bytes, mode)
+  for (int r = 0; r < 3; ++r) {
+    for (int s = 0; s < 2; ++s) {
+      const MemoryMode m{static_cast<Recompute>(r), static_cast<ActStorage>(s)};
+      if (!c.training.memory_recompute && m.recompute != start.recompute) continue;
+      if (!c.training.memory_fp8 && m.storage != start.storage) continue;
+      if (fused && m.recompute == Recompute::kSelective && c.training.memory_recompute) continue;
+      if (bytes_of(m) < start_bytes) modes.push_back({bytes_of(m), m});
+    }
   }
+  std::sort(modes.begin(), modes.end(), [&](const auto& x, const auto& y) {
+    return x.first != y.first ? x.first > y.first : cost(x.second) < cost(y.second);
+  });
+  std::vector<MemoryMode> ladder;  // from the fewest bytes up, dominated modes left out
+  int cheapest = std::numeric_limits<int>::max();
+  for (auto it = modes.rbegin(); it != modes.rend(); ++it)
+    if (cost(it->second) < cheapest) cheapest = cost(it->second), ladder.push_back(it->second);
+  ladder.push_back(start);
+  std::reverse(ladder.begin(), ladder.end());
   return ladder;
 }
 
@@ -594,12 +602,20 @@ MemoryLevels LevelsOf(const Config& c) {
   MemoryLevels m;
   m.pp = c.parallel.pp;
   const bool flash = c.model.attention == Attention::kFlash;
+  auto text_bytes = [&](MemoryMode mode) {
+    return TextLayerCost(c, false, mode.recompute, mode.storage).act_bytes;
+  };
   for (int r = 0; r < m.pp; ++r)
-    m.ladders.push_back(Ladder(c, {c.training.RecomputeOf(r), c.training.StorageOf(r)}, flash));
+    m.ladders.push_back(
+        Ladder(c, {c.training.RecomputeOf(r), c.training.StorageOf(r)}, flash, text_bytes));
   const VisionConfig& v = c.model.vision;
   const GeneratorConfig& g = c.model.generator;
-  m.ladders.push_back(Ladder(c, {v.recompute, v.saved_activations}, true));
-  m.ladders.push_back(Ladder(c, {g.recompute, g.saved_activations}, true));
+  m.ladders.push_back(Ladder(c, {v.recompute, v.saved_activations}, true, [&](MemoryMode mode) {
+    return SavedPerToken(mode.recompute, mode.storage, v.hidden, v.mlp, v.heads).kept;
+  }));
+  m.ladders.push_back(Ladder(c, {g.recompute, g.saved_activations}, true, [&](MemoryMode mode) {
+    return SavedPerToken(mode.recompute, mode.storage, g.hidden, g.mlp, g.heads).kept;
+  }));
   m.at.assign(m.ladders.size(), 0);
   return m;
 }
@@ -618,6 +634,7 @@ StatusOr<Config> WithLevels(const Config& c, const MemoryLevels& m) {
   }
   ASSIGN_OR_RETURN(YamlDoc doc, YamlDoc::FromString(c.source, c.resolved_yaml));
   RETURN_IF_ERROR(doc.ApplySet("training.memory=manual"));
+  doc.Erase("training.memory_policies");  // a key of memory: auto only
   RETURN_IF_ERROR(doc.ApplySet(fmt::format("training.recompute=[{}]", recompute)));
   RETURN_IF_ERROR(doc.ApplySet(fmt::format("training.saved_activations=[{}]", storage)));
   auto module = [&](const char* key, bool enabled, MemoryMode mode, Recompute* rc,
@@ -682,20 +699,25 @@ StatusOr<Trial> SearchLadders(const Config& c, const Trial& start, MemoryChoice*
     if (std::find(raised.begin(), raised.end(), true) == raised.end()) break;  // nothing left
     ASSIGN_OR_RETURN(cur, TryLevels(c, m, &mc->plans));
   }
-  // Lower: each raised module one step down where the plan still fits and is no slower.
-  for (int item = 0; item < items && !cur.metrics.oom;) {
-    if (m.at[item] == 0) {
-      ++item;
-      continue;
-    }
-    MemoryLevels lower = m;
-    --lower.at[item];
-    ASSIGN_OR_RETURN(Trial t, TryLevels(c, lower, &mc->plans));
-    if (t.metrics.oom || t.metrics.step_time_s > cur.metrics.step_time_s) {
-      ++item;
-    } else {  // kept; the same module may go lower again
-      m = std::move(lower);
-      cur = std::move(t);
+  // Lower: each raised module one step down where the plan still fits and is no slower,
+  // over all modules again until none moves (a step down frees room for another).
+  for (bool moved = !cur.metrics.oom; moved;) {
+    moved = false;
+    for (int item = 0; item < items;) {
+      if (m.at[item] == 0) {
+        ++item;
+        continue;
+      }
+      MemoryLevels lower = m;
+      --lower.at[item];
+      ASSIGN_OR_RETURN(Trial t, TryLevels(c, lower, &mc->plans));
+      if (t.metrics.oom || t.metrics.step_time_s > cur.metrics.step_time_s) {
+        ++item;
+      } else {  // kept; the same module may go lower again
+        m = std::move(lower);
+        cur = std::move(t);
+        moved = true;
+      }
     }
   }
   mc->text.clear();
@@ -778,6 +800,7 @@ nlohmann::json MemoryChoiceJson(const MemoryChoice& m) {
   j["by_pp_rank"] = text;
   if (m.has_vision) j["vision"] = MemoryModeName(m.vision);
   if (m.has_generator) j["generator"] = MemoryModeName(m.generator);
+  j["cost_model"] = "real";  // the search's, whatever the simulation's
   j["fits"] = m.fits;
   j["plans_simulated"] = m.plans;
   j["start_step_time_s"] = m.start_step_s;

@@ -23,6 +23,18 @@ SavedBytes Saved(double bf16, double other, ActStorage storage) {
   return {bf16 * kFp8StoredPerBf16 + other, bf16 * (1 + kFp8StoredPerBf16)};
 }
 
+SavedBytes SavedPerToken(Recompute rc, ActStorage storage, double d, double mlp, double heads) {
+  switch (rc) {
+    case Recompute::kNone:
+      return Saved(16 * d + 4 * mlp, 2 * d + 4 * heads, storage);
+    case Recompute::kSelective:
+      return Saved(16 * d + 4 * mlp, 2 * d, storage);
+    case Recompute::kFull:
+      return Saved(2 * d, 0, storage);
+  }
+  return {};
+}
+
 LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc, ActStorage storage) {
   const LlmConfig& l = c.model.llm;
   const ParallelConfig& p = c.parallel;
@@ -257,11 +269,11 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
     // pass per layer each: a kernel).
     const int stored_layers = store_f > 0 ? span.layer_end - span.layer_begin : 0;
     f.hbm_bytes += store_f, bw.hbm_bytes += store_b;
-    f.kernels += stored_layers;
     const int again = rc == Recompute::kFull ? 2 : 1;  // full recompute repeats the forward's
     bw.tp_bytes = f.tp_bytes * again, bw.tp_calls = f.tp_calls * again;
     bw.ep_bytes = f.ep_bytes * again, bw.ep_calls = f.ep_calls * again;
-    bw.kernels = 2 * f.kernels;
+    bw.kernels = 2 * f.kernels + stored_layers;
+    f.kernels += stored_layers;
     bw.mem_delta_bytes = -act;
     // W: the weight gradient of every parametric GEMM (as many FLOPs as its forward);
     // I: the rest.

@@ -62,6 +62,12 @@ struct SavedBytes {
 };
 SavedBytes Saved(double bf16, double other, ActStorage storage);
 
+// What one token keeps per layer of the encoder or generator for its backward (Korthikanti
+// et al.): 18*d + 4*mlp; their attention is fused, so without recompute only the fp32
+// log-sum-exp per head (4*heads) is added, no scores; full recompute keeps the layer input,
+// 2*d. Of the 18*d, 2*d are 1-byte dropout masks: FP8 storage quantises the bf16 rest.
+SavedBytes SavedPerToken(Recompute rc, ActStorage storage, double d, double mlp, double heads);
+
 LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc,
                         ActStorage storage = ActStorage::kBf16);
 // Chunks in global stage order; `placement` maps them to pipeline ranks (whose recompute

@@ -99,6 +99,19 @@ Status YamlDoc::ApplySet(const std::string& assignment) {
   return Status::Ok();
 }
 
+void YamlDoc::Erase(const std::string& key_path) {
+  // yaml-cpp's Node::operator= writes through the handle: walk with fresh handles.
+  std::vector<YAML::Node> chain{root_};
+  size_t b = 0;
+  for (size_t dot; (dot = key_path.find('.', b)) != std::string::npos; b = dot + 1) {
+    const std::string key = key_path.substr(b, dot - b);
+    if (!chain.back().IsMap() || !chain.back()[key].IsMap()) return;
+    chain.push_back(chain.back()[key]);
+  }
+  if (chain.back().IsMap()) chain.back().remove(key_path.substr(b));
+  set_origin_.erase(key_path);
+}
+
 StatusOr<std::vector<std::string>> YamlDoc::LeafAssignments() const {
   // Aliases can make a small file a huge tree: the walk stops at kMaxNodes visits or
   // kMaxDepth levels (a config has a few hundred keys, 4 levels deep).

@@ -20,6 +20,8 @@ class YamlDoc {
   // Applies "a.b.c=value": the value is parsed as YAML (so 4, true, [1,2], {k: v} work);
   // missing maps along the path are created. Unknown keys are caught by the typed reader.
   Status ApplySet(const std::string& assignment);
+  // Removes the key "a.b.c" if the document has it.
+  void Erase(const std::string& key_path);
 
   const YAML::Node& root() const { return root_; }
   const std::string& name() const { return name_; }
