@@ -416,6 +416,9 @@ void ReadTraining(MapReader m, TrainingConfig* c) {
   c->memory_auto = memory == 1;
   // Under memory: auto the recompute not given starts at none.
   if (c->memory_auto && !m.Has({"recompute"})) c->recompute = Recompute::kNone;
+  constexpr std::string_view kMethodNames[] = {"uniform", "block"};
+  m.Enum({"recompute_method"}, &c->recompute_method, kMethodNames);
+  m.Int({"recompute_num_layers"}, &c->recompute_num_layers, 1);
   m.EnumOrList({"saved_activations"}, &c->saved_activations, &c->saved_activations_by_rank,
                kStorageNames);
   constexpr std::string_view kPolicyNames[] = {"recompute", "fp8"};
@@ -793,6 +796,13 @@ void CheckConsistency(Config* c, Ctx* ctx) {
       return ctx->FailAt(
           key, fmt::format("'{}' has {} entr{}; one per pipeline rank (pp = {}) is needed", key, n,
                            n == 1 ? "y" : "ies", p.pp));
+  bool full = t.memory_auto;  // the search may reach full recompute
+  for (int r = 0; r < p.pp; ++r) full = full || t.RecomputeOf(r) == Recompute::kFull;
+  for (const char* key : {"training.recompute_method", "training.recompute_num_layers"})
+    if (ctx->seen.count(key) && !full)
+      return ctx->FailAt(key, fmt::format("'{}' applies to full recompute; no pipeline rank has "
+                                          "'training.recompute: full'",
+                                          key));
   if (t.precision == Precision::kFp8 && c->cluster.spec.fp8_flops <= 0)
     return ctx->FailAt("training.precision",
                        fmt::format("'training.precision: fp8' needs an FP8 rate; {} has none "

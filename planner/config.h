@@ -38,6 +38,8 @@ struct LlmConfig {
 };
 
 enum class Recompute { kNone, kSelective, kFull };
+// Megatron's --recompute-method for full recompute (see TrainingConfig).
+enum class RecomputeMethod { kUniform, kBlock };
 // How saved activations are stored between forward and backward: bf16 as computed, or fp8
 // block-quantised (planner/workload.h: kFp8StoredPerBf16).
 enum class ActStorage { kBf16, kFp8 };
@@ -131,6 +133,12 @@ struct TrainingConfig {
   Recompute RecomputeOf(int pp_rank) const {
     return recompute_by_rank.empty() ? recompute : recompute_by_rank[pp_rank];
   }
+  // Full recompute as Megatron's --recompute-method / --recompute-num-layers: `uniform`
+  // recomputes every layer and keeps the input of each group of `recompute_num_layers`
+  // layers of a chunk; `block` recomputes only each chunk's first `recompute_num_layers`
+  // layers and keeps all activations of the others.
+  RecomputeMethod recompute_method = RecomputeMethod::kUniform;
+  int recompute_num_layers = 1;
   // training.saved_activations, like recompute: one storage or one per pipeline rank.
   ActStorage saved_activations = ActStorage::kBf16;
   std::vector<ActStorage> saved_activations_by_rank;

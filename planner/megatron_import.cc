@@ -275,6 +275,12 @@ StatusOr<MegatronImport> ImportMegatron(std::string_view script, const std::stri
     } else if (flag == "recompute-granularity") {
       if (value != "full" && value != "selective") return bad(flag, "expected full or selective");
       yaml["training.recompute"] = value;
+    } else if (flag == "recompute-method") {
+      if (value != "uniform" && value != "block") return bad(flag, "expected uniform or block");
+      yaml["training.recompute_method"] = value;
+    } else if (flag == "recompute-num-layers") {
+      ASSIGN_OR_RETURN(int64_t v, integer(flag, value));
+      yaml["training.recompute_num_layers"] = std::to_string(v);
     } else if (flag == "fp8-format" || flag == "fp8") {
       yaml["training.precision"] = "fp8";
     } else if (flag == "attention-dropout") {

@@ -203,34 +203,57 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
     const StageSpan& span = p.stages[g];
     const int32_t pp_rank = HomeOf(placement, p.pp, static_cast<int32_t>(g)).pp_rank;
     const Recompute rc = c.training.RecomputeOf(pp_rank);
-    const int k = 2 * static_cast<int>(rc) + static_cast<int>(c.training.StorageOf(pp_rank));
-    const LayerCost& dense = dense_of[k];
-    const LayerCost& moe = moe_of[k];
+    const int st = static_cast<int>(c.training.StorageOf(pp_rank));
+    const LayerCost& dense = dense_of[2 * static_cast<int>(rc) + st];
     Work f, bw;
     double params = 0, act = 0, attn_core = 0, attn_hbm_f = 0, attn_hbm_b = 0;
     double linear = 0, cast_f = 0, cast_b = 0, keep = 0, store_f = 0, store_b = 0;
+    // What the backward recomputes, summed over the layers (each layer's own mode).
+    double rec_flops = 0, rec_attn = 0, rec_linear = 0, rec_hbm = 0, rec_tp = 0, rec_ep = 0;
+    int rec_tp_calls = 0, rec_ep_calls = 0, stored_layers = 0;
     f.layer_begin = bw.layer_begin = span.layer_begin;
     f.layer_end = bw.layer_end = span.layer_end;
     for (int layer = span.layer_begin; layer < span.layer_end; ++layer) {
-      const LayerCost& lc = IsMoeLayer(l, layer) ? moe : dense;
+      // Full recompute by Megatron's method: `uniform` recomputes every layer and keeps the
+      // input of each group of recompute_num_layers layers; `block` recomputes the chunk's
+      // first recompute_num_layers layers (keeping their inputs) and keeps everything of
+      // the others.
+      const int i = layer - span.layer_begin, n = c.training.recompute_num_layers;
+      const bool block = c.training.recompute_method == RecomputeMethod::kBlock;
+      const Recompute lr = rc == Recompute::kFull && block && i >= n ? Recompute::kNone : rc;
+      const bool kept = !(lr == Recompute::kFull && !block && i % n != 0);
+      const int k = 2 * static_cast<int>(lr) + st;
+      const LayerCost& lc = IsMoeLayer(l, layer) ? moe_of[k] : dense_of[k];
+      if (lr == Recompute::kFull) {
+        rec_flops += lc.fwd_flops, rec_attn += lc.attn_core_flops, rec_linear += lc.linear_flops;
+        rec_hbm += lc.elementwise_bytes + lc.attn_hbm_f + lc.fp8_cast_f;
+        rec_tp += lc.tp_bytes, rec_tp_calls += lc.tp_calls;
+        rec_ep += lc.ep_bytes, rec_ep_calls += lc.ep_calls;
+      } else if (lr == Recompute::kSelective) {
+        rec_flops += lc.attn_core_flops, rec_attn += lc.attn_core_flops;
+        rec_hbm += lc.attn_hbm_f;
+      }
       f.flops += lc.fwd_flops;
       f.model_flops += lc.model_flops;
       attn_core += lc.attn_core_flops;
       attn_hbm_f += lc.attn_hbm_f, attn_hbm_b += lc.attn_hbm_b;
       linear += lc.linear_flops, cast_f += lc.fp8_cast_f, cast_b += lc.fp8_cast_b;
       params += lc.params_per_gpu;
-      act += lc.act_bytes;
-      store_f += lc.store_hbm_f, store_b += lc.store_hbm_b;
+      if (kept) {
+        act += lc.act_bytes;
+        store_f += lc.store_hbm_f, store_b += lc.store_hbm_b;
+        stored_layers += lc.store_hbm_f > 0;
+      }
       keep += lc.wgrad_keep_bytes;
       f.hbm_bytes += lc.elementwise_bytes;
       f.tp_bytes += lc.tp_bytes, f.tp_calls += lc.tp_calls;
       f.ep_bytes += lc.ep_bytes, f.ep_calls += lc.ep_calls;
     }
     f.kernels = kKernelsPerLayerF * (span.layer_end - span.layer_begin);
-    double loss_hbm = 0;
     if (span.embedding) {  // vocab-parallel lookup: gather rows, write the hidden states
       params += V * h / p.tp;
       f.hbm_bytes += 2 * T * h * kBf16 / sp_shard;
+      if (rc == Recompute::kFull) rec_hbm += 2 * T * h * kBf16 / sp_shard;
       f.kernels += 1;
     }
     if (span.loss) {  // final norm, vocab-parallel logits, fp32 softmax / cross-entropy
@@ -239,8 +262,7 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
       f.model_flops += 2 * T * h * V;
       act += T * V * 4 / shard;                          // fp32 softmax kept for the backward
       keep += 2 * T * h / sp_shard + 2 * T * V / shard;  // logits input and gradient
-      loss_hbm = 2 * T * V * 4 / shard;
-      f.hbm_bytes += loss_hbm;
+      f.hbm_bytes += 2 * T * V * 4 / shard;
       f.kernels += 3;
     }
     const double other_hbm = f.hbm_bytes;
@@ -250,28 +272,19 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
     f.fp8_flops = fp8 ? linear : 0;
     f.mem_delta_bytes = act;
     // Backward: 2x the forward outside the core attention, the attention's own factor
-    // inside, plus what is recomputed (full: the layers' forward; selective: the core
-    // attention).
-    const double layers_flops = f.flops - (span.loss ? 2 * T * h * V : 0);
+    // inside, plus what is recomputed (full: the layer's forward and its TP/EP
+    // communication; selective: the core attention).
     const double core_bwd = dense.attn_bwd_factor * attn_core;
-    bw.flops = 2 * (f.flops - attn_core) + core_bwd +
-               (rc == Recompute::kFull        ? layers_flops
-                : rc == Recompute::kSelective ? attn_core
-                                              : 0);
-    bw.attn_flops = dense.attn_fused ? core_bwd + (rc == Recompute::kNone ? 0 : attn_core) : 0;
-    bw.fp8_flops = fp8 ? (rc == Recompute::kFull ? 3 : 2) * linear : 0;
+    bw.flops = 2 * (f.flops - attn_core) + core_bwd + rec_flops;
+    bw.attn_flops = dense.attn_fused ? core_bwd + rec_attn : 0;
+    bw.fp8_flops = fp8 ? 2 * linear + rec_linear : 0;
     bw.model_flops = 2 * f.model_flops;
-    bw.hbm_bytes = 2 * other_hbm + attn_hbm_b + cast_b +
-                   (rc == Recompute::kFull        ? f.hbm_bytes - loss_hbm
-                    : rc == Recompute::kSelective ? attn_hbm_f
-                                                  : 0);
+    bw.hbm_bytes = 2 * other_hbm + attn_hbm_b + cast_b + rec_hbm;
     // FP8 storage: the forward quantises what it saves, the backward dequantises it (one
-    // pass per layer each: a kernel).
-    const int stored_layers = store_f > 0 ? span.layer_end - span.layer_begin : 0;
+    // pass per stored layer each: a kernel).
     f.hbm_bytes += store_f, bw.hbm_bytes += store_b;
-    const int again = rc == Recompute::kFull ? 2 : 1;  // full recompute repeats the forward's
-    bw.tp_bytes = f.tp_bytes * again, bw.tp_calls = f.tp_calls * again;
-    bw.ep_bytes = f.ep_bytes * again, bw.ep_calls = f.ep_calls * again;
+    bw.tp_bytes = f.tp_bytes + rec_tp, bw.tp_calls = f.tp_calls + rec_tp_calls;
+    bw.ep_bytes = f.ep_bytes + rec_ep, bw.ep_calls = f.ep_calls + rec_ep_calls;
     bw.kernels = 2 * f.kernels + stored_layers;
     f.kernels += stored_layers;
     bw.mem_delta_bytes = -act;

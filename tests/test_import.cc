@@ -84,3 +84,21 @@ TEST_CASE(
   CHECK(missing.exit_code == 2);
   CHECK(!Exists(dir + "/bad.yaml"));
 }
+
+TEST_CASE("import-megatron: --recompute-method and --recompute-num-layers") {
+  auto r = ImportMegatron(
+      "python pretrain_gpt.py --num-layers 8 --hidden-size 1024 --num-attention-heads 8 "
+      "--seq-length 2048 --micro-batch-size 1 --global-batch-size 64 "
+      "--pipeline-model-parallel-size 2 --padded-vocab-size 32000 --ffn-hidden-size 4096 "
+      "--recompute-granularity full --recompute-method block --recompute-num-layers 2",
+      "run.sh", {});
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  CHECK(r->ignored.empty());
+  auto doc = YamlDoc::FromString("run.yaml", r->yaml);
+  REQUIRE(doc.ok());
+  auto c = ParseConfig(std::move(*doc));
+  REQUIRE_MESSAGE(c.ok(), c.status().message());
+  CHECK(c->training.recompute == Recompute::kFull);
+  CHECK(c->training.recompute_method == RecomputeMethod::kBlock);
+  CHECK(c->training.recompute_num_layers == 2);
+}

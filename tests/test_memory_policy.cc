@@ -99,6 +99,38 @@ TEST_CASE("recompute per pipeline rank changes only the chunks that rank holds")
   for (int g : {1, 2}) CHECK(v.f[g].mem_delta_bytes == none.f[g].mem_delta_bytes);
 }
 
+TEST_CASE("full recompute by Megatron's method: uniform groups and block layers") {
+  // pp 2, 2 layers per stage; stage 0 (no loss) holds two identical dense layers.
+  auto stage0 = [](std::vector<std::string> sets) {
+    return BuildTextWorkload(SmallConfig(PipelineKind::k1F1B, 2, 1, 4, 1, std::move(sets)));
+  };
+  const TextWorkload full = stage0({"training.recompute=full"});
+  const TextWorkload none = stage0({"training.recompute=none"});
+  // uniform, 2 layers a group: one kept input (2*T*h) for the two layers, both recomputed.
+  const TextWorkload groups =
+      stage0({"training.recompute=full", "training.recompute_num_layers=2"});
+  CHECK(groups.f[0].mem_delta_bytes == doctest::Approx(2 * kT * kH));
+  CHECK(full.f[0].mem_delta_bytes == doctest::Approx(2 * 2 * kT * kH));
+  CHECK(groups.b[0].flops == full.b[0].flops);
+  // block, 1 layer: the first layer recomputed (its input kept), the second keeps all.
+  const TextWorkload block = stage0({"training.recompute=full", "training.recompute_method=block",
+                                     "training.recompute_num_layers=1"});
+  CHECK(block.f[0].mem_delta_bytes ==
+        doctest::Approx((full.f[0].mem_delta_bytes + none.f[0].mem_delta_bytes) / 2));
+  CHECK(block.b[0].flops - none.b[0].flops == doctest::Approx(none.f[0].flops / 2));
+  CHECK(block.b[0].tp_calls == none.b[0].tp_calls + none.f[0].tp_calls / 2);
+  // block with at least the chunk's layers is full recompute.
+  const TextWorkload all = stage0({"training.recompute=full", "training.recompute_method=block",
+                                   "training.recompute_num_layers=4"});
+  CHECK(all.f[0].mem_delta_bytes == full.f[0].mem_delta_bytes);
+  CHECK(all.b[0].flops == full.b[0].flops);
+  // Without full recompute on any rank the keys would be ignored: an error.
+  const Config plain = SmallConfig(PipelineKind::k1F1B, 2, 1, 4);
+  CHECK(ParseError(plain, {"training.recompute_method=block"}) ==
+        "--set training.recompute_method=block: 'training.recompute_method' applies to full "
+        "recompute; no pipeline rank has 'training.recompute: full'");
+}
+
 TEST_CASE("memory: auto raises recompute where ranks run out of memory, and no further") {
   // The executor tests' multimodal config (pp 4, 8 micro-batches, 2048^2 images); HBM is
   // set so that some modes must rise but not all.
