@@ -8,13 +8,12 @@ comparison between the README's `memory-auto:begin` / `memory-auto:end` markers.
     scripts/memory_table.py [--bin build/pipeplan]          rewrite the table in README.md
     scripts/memory_table.py --check [--bin build/pipeplan]  fail if the table is stale
 """
-import argparse
 import json
 import os
 import subprocess
 import sys
 
-from readme_table import update
+from readme_table import arguments, update
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- memory-auto:begin -->", "<!-- memory-auto:end -->"
@@ -69,11 +68,7 @@ def table(binary):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "pipeplan"))
-    ap.add_argument("--check", action="store_true")
-    ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"))
-    args = ap.parse_args()
+    args = arguments(__doc__.splitlines()[0])
     text = table(args.bin)
     update(args.readme, BEGIN, END, text, args.check,
            "the memory: auto table; run scripts/memory_table.py")

@@ -1,6 +1,18 @@
 """Writes (or checks) a generated block of README.md between two HTML-comment markers."""
+import argparse
 import os
 import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def arguments(description):
+    """--bin (the pipeplan binary), --check, --readme: the options of every table script."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "pipeplan"))
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"))
+    return ap.parse_args()
 
 
 def update(readme_path, begin, end, text, check, stale_hint):

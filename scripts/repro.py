@@ -14,14 +14,13 @@ writes the table between the README's `repro:begin` / `repro:end` markers.
 Groups are the file-name prefix before the first '_' (one paper each); a group passes when
 its mean absolute error is at most 10 % and no row is off by more than 20 %.
 """
-import argparse
 import glob
 import json
 import os
 import subprocess
 import sys
 
-from readme_table import update
+from readme_table import arguments, update
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- repro:begin -->", "<!-- repro:end -->"
@@ -89,11 +88,7 @@ def table(binary):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "pipeplan"))
-    ap.add_argument("--check", action="store_true")
-    ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"))
-    args = ap.parse_args()
+    args = arguments(__doc__.splitlines()[0])
     text, failures = table(args.bin)
     update(args.readme, BEGIN, END, text, args.check,
            "the reproduction table; run scripts/repro.py")
