@@ -7,7 +7,9 @@
 // What it cannot: NCCL's and the GPU's own behaviour and timing.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -20,6 +22,14 @@ using namespace pipeplan;
 using namespace pipeplan::test;
 
 namespace {
+
+// A wait limit of the emulated runs, times PIPEPLAN_TEST_TIMEOUT_SCALE when set (the
+// ThreadSanitizer run of scripts/test_sanitizers.sh: every emulated reduction there is many
+// times slower).
+double Limit(double seconds) {
+  const char* scale = std::getenv("PIPEPLAN_TEST_TIMEOUT_SCALE");
+  return scale != nullptr ? seconds * std::max(1.0, std::atof(scale)) : seconds;
+}
 
 struct Job {
   std::vector<StatusOr<NcclResult>> results;
@@ -100,7 +110,7 @@ std::vector<std::string> Narrow(std::vector<std::string> sets) {
 
 TEST_CASE("NCCL backend, emulated: every policy runs, every transfer arrives where it was sent") {
   RunOptions o;
-  o.op_timeout_s = 30;
+  o.op_timeout_s = Limit(30);
   for (std::string policy : {"inline", "decoupled", "nested", "bubble-fill", "optimus"}) {
     CAPTURE(policy);
     // pp = 4 over 8 GPUs (dp = 2): vision embeddings overtaking text transfers, gangs of
@@ -129,7 +139,7 @@ TEST_CASE("NCCL backend, emulated: ranks of two GPUs (tp = 2) run as two process
                        {"parallelism.tp=2", "cluster.gpus_per_node=8", "training.zero_stage=1"}));
   REQUIRE(t.ranks()[0].gpus == 2);
   RunOptions o;
-  o.op_timeout_s = 30;
+  o.op_timeout_s = Limit(30);
   Job job = RunJob(t, o, true);
   ExpectClean(t, job);
   CHECK(job.results.size() == 8);
@@ -138,7 +148,7 @@ TEST_CASE("NCCL backend, emulated: ranks of two GPUs (tp = 2) run as two process
 TEST_CASE("NCCL backend, emulated: a corrupted transfer is caught by the check") {
   Table t = Plan(MultimodalConfig("nested", Narrow({})));
   RunOptions o;
-  o.op_timeout_s = 30;
+  o.op_timeout_s = Limit(30);
   // The first transfers connect the point-to-point communicators, one each: corrupt one of
   // the run's own.
   auto pm = MapProcesses(t, t.num_ranks());

@@ -323,7 +323,9 @@ void RunP2P(std::vector<P2P> ops) {
     if (m->bytes != op.bytes)
       op.comm->clique->error = "send and receive sizes differ: " + std::to_string(m->bytes) +
                                " vs " + std::to_string(op.bytes);
-    std::memcpy(op.buf, m->buf, std::min(m->bytes, op.bytes));
+    // A sender that aborted has left, its stream runs on: its buffer is not read.
+    if (!op.comm->clique->aborted[op.peer])
+      std::memcpy(op.buf, m->buf, std::min(m->bytes, op.bytes));
     if (g_delivered++ == g_corrupt && op.bytes > 0) {
       static_cast<char*>(op.buf)[0] ^= 0x5a;
       static_cast<char*>(op.buf)[op.bytes - 1] ^= 0x5a;
@@ -361,17 +363,21 @@ void RunColl(ncclComm_t comm, uint64_t k, int kind, const void* in, void* out, s
   co.in[comm->rank] = in, co.out[comm->rank] = out;
   if (++co.arrived == c.n) {
     const size_t es = Size(type), bytes = count * es;
-    // Results first (in place is allowed), then written to every member.
+    // Results first (in place is allowed), then written to every member. A member that
+    // aborted has left the collective and its stream runs on: its buffers are no longer the
+    // collective's (read as zeros, not written).
     std::vector<std::vector<char>> result(c.n);
     for (int r = 0; r < c.n; ++r) {
       if (kind == 2) {  // all-gather
-        result[r].resize(bytes * c.n);
-        for (int m = 0; m < c.n; ++m) std::memcpy(result[r].data() + m * bytes, co.in[m], bytes);
+        result[r].assign(bytes * c.n, 0);
+        for (int m = 0; m < c.n; ++m)
+          if (!c.aborted[m]) std::memcpy(result[r].data() + m * bytes, co.in[m], bytes);
         continue;
       }
       const size_t offset = kind == 1 ? r * bytes : 0;  // reduce-scatter: member r's block
       result[r].assign(bytes, 0);
       for (int m = 0; m < c.n; ++m) {
+        if (c.aborted[m]) continue;
         const char* src = static_cast<const char*>(co.in[m]) + offset;
         for (size_t i = 0; i < count; ++i) {
           if (type == ncclInt8) result[r][i] = static_cast<char>(result[r][i] + src[i]);
@@ -384,7 +390,8 @@ void RunColl(ncclComm_t comm, uint64_t k, int kind, const void* in, void* out, s
         }
       }
     }
-    for (int r = 0; r < c.n; ++r) std::memcpy(co.out[r], result[r].data(), result[r].size());
+    for (int r = 0; r < c.n; ++r)
+      if (!c.aborted[r]) std::memcpy(co.out[r], result[r].data(), result[r].size());
     co.done = true;
     g_cv.notify_all();
   }
