@@ -29,6 +29,7 @@ constexpr std::string_view kModalityNames[] = {"inline", "decoupled", "nested", 
 constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
 constexpr std::string_view kStorageNames[] = {"bf16", "fp8"};
 constexpr std::string_view kAttentionNames[] = {"flash", "unfused"};
+constexpr std::string_view kOrderNames[] = {"drawn", "light_ends"};
 constexpr std::string_view kPlacementNames[] = {"fsdp", "replicated"};
 constexpr std::string_view kPrecisionNames[] = {"bf16", "fp16", "fp8"};
 constexpr std::string_view kGradDtypeNames[] = {"fp32", "bf16", "fp16"};
@@ -456,6 +457,7 @@ void ReadTraining(MapReader m, TrainingConfig* c) {
 
 void ReadData(MapReader m, DataConfig* c) {
   m.U64({"seed"}, &c->seed);
+  m.Enum({"microbatch_order"}, &c->order, kOrderNames);
   m.Int({"text_tokens"}, &c->text_tokens, 0);
   m.Int({"images_per_sample"}, &c->images_per_sample, 0);
   m.String({"manifest"}, &c->manifest);

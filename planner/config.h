@@ -175,8 +175,15 @@ struct ImageClass {
   int frames = 1;             // > 1: a video clip of that many frames
 };
 
+// Order of each replica's micro-batches in the step: as drawn (or read), or by encoder
+// FLOPs with the lightest at both ends and the heaviest in the middle (the first
+// micro-batch's encoder forward and the last one's backward have no text work to hide
+// behind; the others run in the pipeline's bubbles).
+enum class MicrobatchOrder { kDrawn, kLightEnds };
+
 struct DataConfig {
   uint64_t seed = 0;
+  MicrobatchOrder order = MicrobatchOrder::kDrawn;
   int text_tokens = 0;             // text tokens per sample; 0 = fill seq_length
   int images_per_sample = 0;       // images (or clips) drawn per sample, at most (those that
                                    // would overflow seq_length are dropped)

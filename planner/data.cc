@@ -143,6 +143,17 @@ StatusOr<std::vector<Sample>> ReadManifest(const Config& c) {
   return out;
 }
 
+// Reorders micro-batch indices by encoder FLOPs, the k-th lightest to the front for even
+// k and to the back for odd k: the lightest at both ends, the heaviest in the middle
+// (ties keep the drawn order).
+void LightEnds(const std::vector<MicroBatch>& mbs, std::vector<size_t>* ids) {
+  std::vector<size_t> by = *ids;
+  std::stable_sort(by.begin(), by.end(),
+                   [&](size_t a, size_t b) { return mbs[a].vision_flops < mbs[b].vision_flops; });
+  size_t front = 0, back = ids->size();
+  for (size_t k = 0; k < by.size(); ++k) (*ids)[k % 2 == 0 ? front++ : --back] = by[k];
+}
+
 }  // namespace
 
 int64_t Patches(const Image& img, int patch) {
@@ -221,6 +232,7 @@ StatusOr<StepBatch> MakeStepBatch(const Config& c) {
   batch.replicas.resize(dp);
   for (int d = 0; d < dp; ++d) {
     std::sort(assigned[d].begin(), assigned[d].end());
+    if (c.data.order == MicrobatchOrder::kLightEnds) LightEnds(mbs, &assigned[d]);
     for (size_t i : assigned[d]) {
       batch.samples += static_cast<int64_t>(mbs[i].samples.size());
       batch.tokens += mbs[i].text_tokens + mbs[i].visual_tokens;

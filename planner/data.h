@@ -44,7 +44,8 @@ int64_t Patches(const Image& img, int patch);
 // Encoder forward FLOPs of one image over all layers (P and P^2 terms) plus the merger.
 double VisionImageFlops(const Config& c, int64_t patches);
 
-// Draws (seeded) or reads (manifest) samples, packs them, balances replicas by cost.
+// Draws (seeded) or reads (manifest) samples, packs them, balances replicas by cost, and
+// orders each replica's micro-batches (data.microbatch_order).
 StatusOr<StepBatch> MakeStepBatch(const Config& c);
 
 }  // namespace pipeplan

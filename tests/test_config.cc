@@ -90,6 +90,9 @@ TEST_CASE("wrong type, bad enum, missing key") {
         "cfg.yaml:19:13: bad value '2f2b' for 'schedule.pipeline' (expected one of: gpipe, 1f1b, "
         "interleaved-1f1b, zb-h1, zb-h2, zbv, dualpipev, interleaved-zb, csv)\n    pipeline: "
         "2f2b\n              ^");
+  CHECK(Error(std::string(kBase) + "data:\n  microbatch_order: heavy\n") ==
+        "cfg.yaml:19:21: bad value 'heavy' for 'data.microbatch_order' (expected one of: "
+        "drawn, light_ends)\n    microbatch_order: heavy\n                      ^");
   CHECK(Error(Replace(kBase, "    hidden: 256\n", "")) ==
         "cfg.yaml:7:5: missing required key 'model.llm.hidden'\n      layers: 8\n      ^");
   CHECK(Error(Replace(kBase, "  pp: 4", "  pp: 0")) ==
