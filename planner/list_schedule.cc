@@ -44,6 +44,7 @@ class Pass {
   // Start of each consumer's text F(0, mb), per (d * m + mb).
   std::vector<double> ConsumerStarts() const;
   std::vector<VisionPlacement> Placements() const;
+  TextTimeline Timeline() const;
   std::vector<std::vector<GeneratorPlacement>> GeneratorPlacements() const;
   // Per rank, its text order as run (W passes pulled into gaps moved there); empty when
   // no W moved.
@@ -92,11 +93,13 @@ class Pass {
   bool Decide(int r);
   void Park(int r);
   bool FollowDue(int r, bool now);
+  bool OwnFirst(int r, double t);
   void RunText(int r, double start);
   // Place the task's next piece at `start`; return its seconds.
   double RunForward(int task, int r, double start);
   double RunBackward(int task, double start);
-  bool TryGang(int r, int gang);
+  // `urgent`: a forward due or a backward overdue, or the fallback when every rank waits.
+  bool TryGang(int r, int gang, bool urgent);
   void Post(int r, int gang);
   int PickForward(int r, double t, double gap, bool any_window = false);
   int PickBackward(int r, double t, double gap);
@@ -365,15 +368,30 @@ double Pass::RunBackward(int task, double start) {
   return dur;
 }
 
-// Whether r may start gang `g` now: every member is free of other gangs.
-bool Pass::TryGang(int r, int g) {
+// Whether r may start gang `g` now: every member is free of other gangs; with
+// ListRules::fill_gangs, unless it is urgent, every member is also free now and its next
+// text op (where known) is not ready before the gang's next piece would end.
+bool Pass::TryGang(int r, int g, bool urgent) {
   if (!follow_[r].empty()) return false;  // it posts the gangs it follows first
   const Gang& gang = gangs_[g];
+  const double t = free_[r];
+  double dur = 0;
   for (int task : gang.tasks) {
     const int q = jobs_[task].rank;
     if (q != r && posted_[q] != kNone) return false;
     if (gang.backward && jobs_[task].release == kUnknown) return false;
+    dur = std::max(dur, gang.backward ? NextBackward(task) : NextForward(task));
   }
+  if (!urgent && rules_.fill_gangs)
+    for (int task : gang.tasks) {
+      const int q = jobs_[task].rank;
+      if (q == r) continue;
+      if (free_[q] > t) return false;
+      if (pos_[q] < static_cast<int>(in_.orders[Stage(q)].size())) {
+        const double ready = ReadyTime(q);
+        if (ready != kUnknown && ready < t + dur) return false;
+      }
+    }
   gangs_[g].number = gangs_initiated_++;
   for (int task : gangs_[g].tasks) {
     const int q = jobs_[task].rank;
@@ -442,6 +460,24 @@ void Pass::Post(int r, int g) {
   }
 }
 
+// Before it posts a forward gang it follows, r runs a piece of a forward of its own (not
+// a gang's) whose deadline is earlier: the gang waits for r at most that long, where
+// posting first would make r's own forward wait for the whole gang.
+bool Pass::OwnFirst(int r, double t) {
+  if (follow_[r].empty()) return false;
+  const auto next = std::min_element(follow_[r].begin(), follow_[r].end(), [&](auto& a, auto& b) {
+    return gangs_[a.first].number < gangs_[b.first].number;
+  });
+  const Gang& gang = gangs_[next->first];
+  if (gang.backward || gang.tasks.empty()) return false;
+  const int own = PickForward(r, t, kInf);
+  if (own == kNone || jobs_[own].gang != kNone || Deadline(own) >= Deadline(gang.tasks[0]))
+    return false;
+  free_[r] = t + RunForward(own, r, t);
+  Push(r);
+  return true;
+}
+
 // Posts the earliest-initiated gang r follows, when r has reached its position (or
 // always, with `now`). Gangs are posted in initiation order on every rank, so no two
 // ranks wait for each other.
@@ -462,24 +498,27 @@ bool Pass::FollowDue(int r, bool now) {
 bool Pass::Decide(int r) {
   const double t = free_[r];
   if (posted_[r] != kNone) return true;  // waits in a gang; the gang's start pushes it
+  if (vision() && OwnFirst(r, t)) return true;
   if (FollowDue(r, false)) return true;
   const int n = static_cast<int>(in_.orders[Stage(r)].size());
   const bool text_left = pos_[r] < n;
   const double ready = text_left ? ReadyTime(r) : kInf;
   // A forward that must start now to meet its deadline.
-  auto run = [&](int task, bool backward) {
+  auto run = [&](int task, bool backward, bool urgent) {
     const int g = jobs_[task].gang;
-    if (g != kNone) return TryGang(r, backward ? g + 1 : g);
+    if (g != kNone) return TryGang(r, backward ? g + 1 : g, urgent);
     free_[r] = t + (backward ? RunBackward(task, t) : RunForward(task, r, t));
     Push(r);
     return true;
   };
-  auto try_run = [&](int task, bool backward) { return task != kNone && run(task, backward); };
+  auto try_run = [&](int task, bool backward, bool urgent = false) {
+    return task != kNone && run(task, backward, urgent);
+  };
   if (vision()) {
     const int urgent = PickForward(r, t, kInf);
-    if (urgent != kNone && LatestStart(urgent) <= t && try_run(urgent, false)) return true;
+    if (urgent != kNone && LatestStart(urgent) <= t && try_run(urgent, false, true)) return true;
     const int late = PickBackward(r, t, kInf);
-    if (late != kNone && BackwardOverdue(late, t) && try_run(late, true)) return true;
+    if (late != kNone && BackwardOverdue(late, t) && try_run(late, true, true)) return true;
   }
   if (text_left && ready != kUnknown && ready <= t) {
     RunText(r, t);
@@ -666,7 +705,7 @@ Status Pass::Run() {
     parked_[best] = 0;
     const int g = jobs_[task].gang;
     if (g != kNone) {
-      if (!TryGang(best, backward ? g + 1 : g))
+      if (!TryGang(best, backward ? g + 1 : g, true))
         return Internal("modality list scheduler: a gang cannot start");
       continue;
     }
@@ -753,6 +792,26 @@ std::vector<VisionPlacement> Pass::Placements() const {
     out.push_back(std::move(p));
   }
   return out;
+}
+
+TextTimeline Pass::Timeline() const {
+  TextTimeline tl;
+  tl.busy.resize(start_.size());
+  for (size_t r = 0; r < start_.size(); ++r)
+    for (size_t i = 0; i < start_[r].size(); ++i) tl.busy[r].push_back({start_[r][i], end_[r][i]});
+  for (size_t k = 0; k < gen_slots_.size(); ++k)
+    for (auto [r, pos] : gen_slots_[k]) tl.busy[r].push_back({gen_start_[k], gen_end_[k]});
+  for (auto& b : tl.busy) {
+    std::sort(b.begin(), b.end());
+    if (!b.empty()) tl.end = std::max(tl.end, b.back().second);
+  }
+  tl.due = ConsumerStarts();
+  tl.release.assign(tl.due.size(), 0.0);
+  for (int d = 0; d < s_.dp; ++d)
+    for (int m = 0; m < s_.m; ++m)
+      tl.release[static_cast<size_t>(d) * s_.m + m] =
+          end_[s_.rank(d, 0)][PosOf(0, OpKind::kB, 0, m)];
+  return tl;
 }
 
 std::vector<std::vector<GeneratorPlacement>> Pass::GeneratorPlacements() const {
@@ -876,6 +935,17 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
   for (const Status& s : status) RETURN_IF_ERROR(s);
   best.text_makespan_s = text.makespan();
   return best;
+}
+
+StatusOr<TextTimeline> TextOnlyTimeline(const ListInput& in, const ModalityWork& w,
+                                        double min_gap_s) {
+  const ListRules rules;
+  const std::vector<double> none;
+  Pass text(in, w, rules, none);
+  RETURN_IF_ERROR(text.Run());
+  TextTimeline tl = text.Timeline();
+  tl.Index(min_gap_s);
+  return tl;
 }
 
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,

@@ -28,6 +28,12 @@
 //   own, forwards in layer order and backwards in reverse;
 // - stealing (bubble-fill): a rank in a gap with nothing of its own that fits takes a
 //   whole-image forward that another rank has not started (its backward follows it);
+// - gangs in common gaps (bubble-fill, fill_gangs): a gang that is not urgent starts only
+//   when every one of its ranks is free and its next text op is not ready before the
+//   gang's piece ends; otherwise the rank that starts it posts at once and the others
+//   follow when they reach that text position;
+// - own first: before a rank posts a forward gang it follows, it runs a piece of a forward
+//   of its own that is due earlier;
 // - weight gradients (split backward): a rank in a gap that no encoder work fills runs a
 //   later W of its order whose I has run, if it ends before the next text op is ready;
 // - a generator split over its replica's ranks is a gang released by the last stage's text
@@ -56,6 +62,9 @@ struct ListRules {
   bool steal = false;   // whole-image forwards move to ranks in a gap
   bool phases = false;  // optimus: forwards only until the first text backward, backwards
                         // only after the last text forward (and on deadlines)
+  // A gang that is not urgent starts only in a gap of every one of its ranks (else in the
+  // gap of the rank that starts it, the others following at once).
+  bool fill_gangs = false;
   int passes = 4;
 };
 
@@ -96,6 +105,10 @@ struct ListResult {
 
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
                                       const ListRules& rules);
+// The text-only pass's timeline (text ops, and a split generator's gangs), indexed with
+// gaps shorter than `min_gap_s` counted as busy.
+StatusOr<TextTimeline> TextOnlyTimeline(const ListInput& in, const ModalityWork& w,
+                                        double min_gap_s);
 // The best of several rule sets (shortest predicted step; the first wins ties), sharing the
 // text-only pass.
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,

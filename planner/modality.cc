@@ -1,6 +1,7 @@
 #include "planner/modality.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -132,25 +133,31 @@ class BlockLoads {
   std::vector<double> best_;
 };
 
-}  // namespace
+// An item's per-GPU load for its split factor k.
+CpItem Sized(const Config& c, int64_t patches, CpItem it) {
+  it.flops_per_gpu = SplitFlops(c, patches, it.k);
+  it.attn_flops_per_gpu = SplitAttnFlops(c, patches, it.k);
+  it.gather_bytes_per_gpu = GatherBytes(c, patches, it.k);
+  it.exposed_gather_bytes_per_gpu = ExposedGatherBytes(c, patches, it.k);
+  return it;
+}
 
-CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gpus,
-                    const std::vector<double>& base, double budget_s) {
+// Split factor (PlanVisionCp's rule) and per-GPU load of each image, in image order;
+// `levels`: log2 of the largest sub-group.
+std::vector<CpItem> SplitItems(const Config& c, const std::vector<int64_t>& patches, int gpus,
+                               double budget_s, int* levels) {
   const VisionConfig& v = c.model.vision;
-  CpPlan plan;
-  plan.gpu_flops.assign(gpus, 0);
-  plan.gpu_attn_flops.assign(gpus, 0);
-  plan.gpu_comm_bytes.assign(gpus, 0);
-  plan.gpu_exposed_bytes.assign(gpus, 0);
   // Target time per GPU: the images' per-GPU share (K3's sizing rule), or the latency
   // budget if larger. A large image is split over the fewest GPUs whose shard time
   // (ShardSeconds: gather-KV included) meets the target, and never further than splitting
-  // makes it faster. `base` only steers where items go.
+  // makes it faster.
   double total = 0;
   for (int64_t p : patches) total += ShardSeconds(c, p, 1);
   const double target = std::max(total / gpus, budget_s);
-  int kmax = 1, levels = 0;
-  while (kmax * 2 <= std::min(v.cp_max_group, gpus)) kmax *= 2, ++levels;
+  int kmax = 1;
+  *levels = 0;
+  while (kmax * 2 <= std::min(v.cp_max_group, gpus)) kmax *= 2, ++*levels;
+  std::vector<CpItem> items;
   for (size_t i = 0; i < patches.size(); ++i) {
     CpItem it;
     it.image = static_cast<int>(i);
@@ -158,32 +165,65 @@ CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gp
       while (it.k < kmax && ShardSeconds(c, patches[i], it.k) > target &&
              ShardSeconds(c, patches[i], 2 * it.k) < ShardSeconds(c, patches[i], it.k))
         it.k *= 2;
-    it.flops_per_gpu = SplitFlops(c, patches[i], it.k);
-    it.attn_flops_per_gpu = SplitAttnFlops(c, patches[i], it.k);
-    it.gather_bytes_per_gpu = GatherBytes(c, patches[i], it.k);
-    it.exposed_gather_bytes_per_gpu = ExposedGatherBytes(c, patches[i], it.k);
-    plan.items.push_back(it);
+    items.push_back(Sized(c, patches[i], it));
   }
-  std::stable_sort(plan.items.begin(), plan.items.end(), [](const CpItem& a, const CpItem& b) {
+  return items;
+}
+
+CpPlan EmptyPlan(int gpus) {
+  CpPlan plan;
+  plan.gpu_flops.assign(gpus, 0);
+  plan.gpu_attn_flops.assign(gpus, 0);
+  plan.gpu_comm_bytes.assign(gpus, 0);
+  plan.gpu_exposed_bytes.assign(gpus, 0);
+  return plan;
+}
+
+// Adds a placed item's load to its sub-group's GPUs.
+void Charge(const CpItem& it, CpPlan* plan) {
+  for (int g = it.first_gpu; g < it.first_gpu + it.k; ++g) {
+    plan->gpu_flops[g] += it.flops_per_gpu;
+    plan->gpu_attn_flops[g] += it.attn_flops_per_gpu;
+    plan->gpu_comm_bytes[g] += it.gather_bytes_per_gpu;
+    plan->gpu_exposed_bytes[g] += it.exposed_gather_bytes_per_gpu;
+  }
+}
+
+int Level(int k) {
+  int level = 0;
+  while ((1 << level) < k) ++level;
+  return level;
+}
+
+// Items longest first (total FLOPs over their sub-group), for placement.
+void LongestFirst(std::vector<CpItem>* items) {
+  std::stable_sort(items->begin(), items->end(), [](const CpItem& a, const CpItem& b) {
     return a.flops_per_gpu * a.k > b.flops_per_gpu * b.k;
   });
+}
+
+void ImageOrder(std::vector<CpItem>* items) {
+  std::stable_sort(items->begin(), items->end(),
+                   [](const CpItem& a, const CpItem& b) { return a.image < b.image; });
+}
+
+}  // namespace
+
+CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gpus,
+                    const std::vector<double>& base, double budget_s) {
+  CpPlan plan = EmptyPlan(gpus);
+  int levels = 0;
+  plan.items = SplitItems(c, patches, gpus, budget_s, &levels);
+  LongestFirst(&plan.items);
   std::vector<double> start = base;
   start.resize(gpus, 0.0);
   BlockLoads loads(start, levels);
   for (CpItem& it : plan.items) {
-    int level = 0;
-    while ((1 << level) < it.k) ++level;
-    it.first_gpu = loads.Best(level);
-    for (int g = it.first_gpu; g < it.first_gpu + it.k; ++g) {
-      loads.Add(g, it.flops_per_gpu);
-      plan.gpu_flops[g] += it.flops_per_gpu;
-      plan.gpu_attn_flops[g] += it.attn_flops_per_gpu;
-      plan.gpu_comm_bytes[g] += it.gather_bytes_per_gpu;
-      plan.gpu_exposed_bytes[g] += it.exposed_gather_bytes_per_gpu;
-    }
+    it.first_gpu = loads.Best(Level(it.k));
+    for (int g = it.first_gpu; g < it.first_gpu + it.k; ++g) loads.Add(g, it.flops_per_gpu);
+    Charge(it, &plan);
   }
-  std::stable_sort(plan.items.begin(), plan.items.end(),
-                   [](const CpItem& a, const CpItem& b) { return a.image < b.image; });
+  ImageOrder(&plan.items);
   return plan;
 }
 
@@ -197,6 +237,44 @@ double CpCommFraction(const Config& c, const CpPlan& plan) {
     worst = std::max(worst, comm / (comm + compute));
   }
   return worst;
+}
+
+void TextTimeline::Index(double min_gap_s) {
+  idle_at_.assign(busy.size(), {});
+  for (size_t r = 0; r < busy.size(); ++r) {
+    auto& b = busy[r];
+    size_t n = 0;
+    for (size_t i = 0; i < b.size(); ++i) {
+      if (n > 0 && b[i].first - b[n - 1].second < min_gap_s)
+        b[n - 1].second = std::max(b[n - 1].second, b[i].second);
+      else
+        b[n++] = b[i];
+    }
+    b.resize(n);
+    double busy_s = 0;
+    for (const auto& [start, stop] : b) {
+      idle_at_[r].push_back(start - busy_s);
+      busy_s += stop - start;
+    }
+  }
+}
+
+double TextTimeline::IdleBefore(int rank, double t) const {
+  const auto& b = busy[rank];
+  const auto it = std::upper_bound(b.begin(), b.end(), t,
+                                   [](double x, const auto& iv) { return x < iv.first; });
+  if (it == b.begin()) return t;
+  const size_t i = it - b.begin() - 1;  // the last interval that starts at or before t
+  return idle_at_[rank][i] + std::max(0.0, t - b[i].second);
+}
+
+double TextTimeline::Advance(int rank, double t, double x) const {
+  const auto& b = busy[rank];
+  const auto& idle = idle_at_[rank];
+  const double target = IdleBefore(rank, t) + x;
+  const size_t i = std::lower_bound(idle.begin(), idle.end(), target) - idle.begin();
+  if (i == idle.size()) return b.empty() ? target : b.back().second + (target - idle.back());
+  return std::max(t, b[i].first - (idle[i] - target));
 }
 
 namespace {
@@ -278,6 +356,88 @@ VisionTask RankTask(const Config& c, const std::vector<int64_t>& patches, int gp
   return TaskFromLoad(c, load, model, act, tokens, total, gpus, recompute_outputs_only);
 }
 
+// Per rank, where its encoder work would end so far in its idle time (fluid: work may be
+// cut anywhere): forwards from the step's start, backwards from their release.
+struct Cursors {
+  std::vector<double> fwd, bwd;
+};
+
+// PlanVisionCp's items of round m, placed on the stage where they would be least late
+// (VisionPool::timeline). Stage s owns GPUs [s * per_stage, (s + 1) * per_stage) of the
+// global order, G = `gpus` per rank; a gang's sub-group stays in one stage. A rank runs
+// its whole images one after another over its G GPUs; a gang shard holds its rank.
+CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
+                       const std::vector<int>& source, int m, int per_stage, int gpus,
+                       const TextTimeline& tl, const std::function<int(int)>& rank_of,
+                       const std::vector<double>& carry, double budget_s, Cursors* cur) {
+  const int world = static_cast<int>(carry.size()), stages = world / per_stage;
+  CpPlan plan = EmptyPlan(world);
+  int levels = 0;
+  plan.items = SplitItems(c, patches, world, budget_s, &levels);
+  LongestFirst(&plan.items);
+  std::vector<BlockLoads> loads;
+  for (int s = 0; s < stages; ++s)
+    loads.emplace_back(
+        std::vector<double>(carry.begin() + s * per_stage, carry.begin() + (s + 1) * per_stage),
+        levels);
+  const VisionConfig& v = c.model.vision;
+  const double backward = v.recompute == Recompute::kFull ? 3 : 2;
+  const int kmax = 1 << levels;
+  // Where an item of split k would go: the block, how late, and the tie-break.
+  struct Choice {
+    int first = -1;
+    double late = 0, tie = 0;
+  };
+  for (CpItem& it : plan.items) {
+    const int64_t P = patches[it.image];
+    const size_t key = static_cast<size_t>(source[it.image]) * c.training.microbatches + m;
+    // Ranks of a block of k GPUs: its first GPU's rank, and one per G GPUs of a gang.
+    auto for_ranks = [&](int first, int k, auto&& fn) {
+      for (int g = first; g < first + std::max(k, gpus); g += gpus) fn(rank_of(g));
+    };
+    // Least late first (the forward past the consumer's text F, the backward past the
+    // end of the text); among blocks on time the least loaded, among blocks late by as
+    // much the one whose text ends first (a text that runs late delays the others more).
+    auto choose = [&](int k) {
+      const double f = ShardSeconds(c, P, k), b = backward * f;
+      Choice best;
+      for (int s = 0; s < stages; ++s) {
+        const int local = loads[s].Best(Level(k)), first = s * per_stage + local;
+        double late = 0;
+        for_ranks(first, k, [&](int r) {
+          late = std::max({late, tl.Advance(r, cur->fwd[r], f) - tl.due[key],
+                           tl.Advance(r, std::max(cur->bwd[r], tl.release[key]), b) - tl.end});
+        });
+        const double tie = late > 0 ? tl.TextEnd(rank_of(first)) : loads[s].Load(local);
+        if (best.first < 0 || late < best.late || (late == best.late && tie < best.tie))
+          best = {first, late, tie};
+      }
+      return best;
+    };
+    Choice best = choose(it.k);
+    // Late everywhere: an image that may be split is split further while that makes it
+    // less late (its shard faster), so the last micro-batches' work spreads out.
+    while (best.late > 0 && v.cp && P > v.cp_threshold_patches && it.k < kmax &&
+           ShardSeconds(c, P, 2 * it.k) < ShardSeconds(c, P, it.k)) {
+      const Choice wider = choose(2 * it.k);
+      if (wider.late >= best.late) break;
+      best = wider, it.k *= 2;
+    }
+    it = Sized(c, P, it);
+    it.first_gpu = best.first;
+    const double f = ShardSeconds(c, P, it.k), b = backward * f;
+    for_ranks(best.first, it.k, [&](int r) {
+      cur->fwd[r] = tl.Advance(r, cur->fwd[r], f);
+      cur->bwd[r] = tl.Advance(r, std::max(cur->bwd[r], tl.release[key]), b);
+    });
+    for (int g = best.first; g < best.first + it.k; ++g)
+      loads[g / per_stage].Add(g % per_stage, it.flops_per_gpu);
+    Charge(it, &plan);
+  }
+  ImageOrder(&plan.items);
+  return plan;
+}
+
 // The vision tasks of micro-batch m of every replica.
 // Consumer mode (inline): all images of (d, m) on the replica's first stage, its GPUs.
 // Pool mode: dynamic CP plans all images of round m over every GPU of the job (global
@@ -287,7 +447,7 @@ VisionTask RankTask(const Config& c, const std::vector<int64_t>& patches, int gp
 // `carry`: vision FLOPs placed on each GPU in earlier rounds (pool mode), so that the
 // rounds balance in total and a tie does not send every round's largest image to one GPU.
 void AddVisionTasks(const Config& c, const StepBatch& batch, int m, const VisionPool& pool,
-                    bool recompute_outputs_only, std::vector<double>* carry,
+                    bool recompute_outputs_only, std::vector<double>* carry, Cursors* cur,
                     std::vector<VisionTask>* out) {
   const ParallelConfig& p = c.parallel;
   const int G = p.tp * p.cp, dp = static_cast<int>(batch.replicas.size());
@@ -316,7 +476,11 @@ void AddVisionTasks(const Config& c, const StepBatch& batch, int m, const Vision
   auto rank_of = [&](int gpu) { return (gpu % (dp * G)) / G * p.pp + gpu / (dp * G); };
   carry->resize(world, 0.0);
   const double budget = pool.latency_budget_s;
-  CpPlan plan = PlanVisionCp(c, patches, world, *carry, budget);
+  const bool timed = pool.timeline && TimedPlacementFits(c);
+  if (timed && cur->fwd.empty()) cur->fwd.assign(world / G, 0.0), cur->bwd.assign(world / G, 0.0);
+  CpPlan plan = timed ? PlanVisionTimed(c, patches, source, m, dp * G, G, *pool.timeline, rank_of,
+                                        *carry, budget, cur)
+                      : PlanVisionCp(c, patches, world, *carry, budget);
   for (int g = 0; g < world; ++g) (*carry)[g] += plan.gpu_flops[g];
   std::map<std::pair<int, int>, std::vector<int64_t>> whole;  // (rank, source replica) -> images
   std::vector<const CpItem*> gangs;
@@ -350,6 +514,11 @@ void AddVisionTasks(const Config& c, const StepBatch& batch, int m, const Vision
 
 }  // namespace
 
+bool TimedPlacementFits(const Config& c) {
+  const int world = c.world();
+  return std::min(c.model.vision.cp_max_group, world) <= world / c.parallel.pp;
+}
+
 ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const VisionPool& pool,
                                bool recompute_outputs_only) {
   ModalityWork w;
@@ -367,6 +536,7 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
         g.layers * (4.0 * g.hidden * g.hidden + 2.0 * g.hidden * g.mlp + 6.0 * g.hidden * g.hidden);
   const int rounds = batch.replicas.empty() ? 0 : static_cast<int>(batch.replicas[0].size());
   std::vector<double> carry;
+  Cursors cursors;
   VisionPool round_pool = pool;
   if (v.enabled && pool.latency_budget_s > 0 && !pool.consumer_only) {
     // Balance: longest-first placement on the least-loaded GPU leaves the busiest GPU at
@@ -384,7 +554,7 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
   }
   if (v.enabled)
     for (int m = 0; m < rounds; ++m)
-      AddVisionTasks(c, batch, m, round_pool, recompute_outputs_only, &carry, &w.vision);
+      AddVisionTasks(c, batch, m, round_pool, recompute_outputs_only, &carry, &cursors, &w.vision);
   for (size_t d = 0; d < batch.replicas.size(); ++d) {
     for (size_t m = 0; m < batch.replicas[d].size(); ++m) {
       const MicroBatch& mb = batch.replicas[d][m];

@@ -91,13 +91,45 @@ struct ModalityWork {
 // activations until its backward; the last piece's forward also holds the output.
 std::vector<PieceWork> SplitTask(const VisionTask& t, const std::vector<int>& bounds);
 
+// When each rank is busy in a step without vision work (the list scheduler's text-only
+// pass), for placing vision work where it can be hidden.
+struct TextTimeline {
+  // Per rank: busy intervals [start, end) in time order (after Index, gaps too short for
+  // a piece of encoder work merged into them).
+  std::vector<std::vector<std::pair<double, double>>> busy;
+  // Per (d * m + mb): the consumer's text F of chunk 0 starts (encoder outputs due), and
+  // its text backward of chunk 0 ends (encoder gradients released).
+  std::vector<double> due, release;
+  double end = 0;  // last text op's end
+  // Once `busy` holds each rank's intervals in time order: merges gaps shorter than
+  // `min_gap_s` into them and indexes the idle time.
+  void Index(double min_gap_s);
+  // Seconds of idle time on `rank` in [0, t), and the time at which `x` > 0 seconds of
+  // idle time after `t` have passed (after the last busy interval every second is idle).
+  double IdleBefore(int rank, double t) const;
+  double Advance(int rank, double t, double x) const;
+  double TextEnd(int rank) const { return busy[rank].empty() ? 0 : busy[rank].back().second; }
+
+ private:
+  std::vector<std::vector<double>> idle_at_;  // per rank, per interval: idle before its start
+};
+
 // Where vision work may run: only on the consumer (inline), or on any GPU of the job.
 struct VisionPool {
   bool consumer_only = false;
   // An image is not split while its unsplit time is within this, s (PlanVisionCp).
   double latency_budget_s = 0;
   int window_rounds = 1;  // rounds a forward may run ahead of its consumer (balance bound)
+  // Set: each round's images go to the stage where they would be least late (their
+  // forward before the consumer's text F, their backward after the gradient is released
+  // and before the text ends, both in that stage's idle time), FLOPs balancing the
+  // GPUs of a stage and breaking ties; null: to the least-loaded GPUs of the job.
+  const TextTimeline* timeline = nullptr;
 };
+// Whether timed placement applies: a gang's sub-group (up to cp_max_group GPUs) fits in
+// one stage's GPUs.
+bool TimedPlacementFits(const Config& c);
+
 // Tasks of every micro-batch (see AddVisionTasks in modality.cc for how images become
 // tasks and gangs). `recompute_outputs_only`: decoupled DEP (F keeps the output;
 // RECOMPUTE restores the rest before the backward).

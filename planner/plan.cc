@@ -130,7 +130,7 @@ ListRules RulesOf(const Config& c, ModalityPolicy policy, const ListInput& in) {
       r.memory_budget_bytes = (InFlight(in.orders[0]) + in.shape.pp) * total / rounds + largest;
     }
   }
-  r.steal = policy == ModalityPolicy::kBubbleFill;
+  r.steal = r.fill_gangs = policy == ModalityPolicy::kBubbleFill;
   r.phases = policy == ModalityPolicy::kOptimus;
   return r;
 }
@@ -159,8 +159,12 @@ double PipelinedBudget(const Config& c, const PipelineShape& shape, const TextWo
 // Layer-group pieces: each task is cut into the fewest equal layer groups whose forward
 // and backward each take no longer than the shortest text forward (a piece then fits the
 // gaps the text pipeline leaves and never stalls it by more than one text op).
+double PieceQuantum(const ListInput& in) {
+  return *std::min_element(in.f_s.begin(), in.f_s.end());
+}
+
 std::vector<std::vector<int>> PieceBounds(const Config& c, const ListInput& in) {
-  const double quantum = *std::min_element(in.f_s.begin(), in.f_s.end());
+  const double quantum = PieceQuantum(in);
   const int layers = c.model.vision.layers;
   std::vector<std::vector<int>> bounds(in.vf_s.size());
   for (size_t i = 0; i < bounds.size(); ++i) {
@@ -198,6 +202,8 @@ StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const L
     ListRules own = rules;
     own.steal = false;
     all.push_back(own);
+    own.steal = true, own.fill_gangs = false;
+    all.push_back(own);
   }
   return ScheduleModality(in, w, all);
 }
@@ -219,28 +225,10 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
     pool.window_rounds = ModalityWindow(c);
   }
   ModalityWork w = BuildModalityWork(c, batch, pool, decoupled && c.schedule.decoupled_recompute);
-  ModalityWorkIds ids;
-  for (const VisionTask& t : w.vision) {
-    Work out;
-    out.payload_bytes = t.out_bytes;
-    ids.vision_f.push_back(b->AddWork(t.f));
-    ids.vision_b.push_back(b->AddWork(t.b));
-    ids.vision_recompute.push_back(b->AddWork(t.recompute));
-    ids.vision_out.push_back(b->AddWork(out));
-  }
   const bool sharded = listed && !w.generator.empty() && shape.pp > 1;
-  for (const GeneratorTask& t : w.generator) {
-    const PieceWork p = sharded
-                            ? GeneratorShard(c, t, shape.pp, ReplicaAcrossNodes(shape, ranks, t.d))
-                            : PieceWork{t.f, t.b};
-    ids.generator_f.push_back(b->AddWork(p.f));
-    ids.generator_b.push_back(b->AddWork(p.b));
-  }
-  Work io;
-  io.payload_bytes = tw.p2p_bytes;  // the last stage's hidden states, or their gradient
-  ids.generator_io = b->AddWork(io);
   std::vector<VisionPlacement> vision;
   std::vector<std::vector<GeneratorPlacement>> shards;
+  std::vector<std::vector<int>> bounds;  // listed: each task's layer-group pieces
   switch (policy) {
     case ModalityPolicy::kInline:
       vision = PlaceVisionInline(shape, w);
@@ -255,6 +243,19 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         ListInput in = ListInputOf(c, shape, orders, tw, ranks, w, sharded);
         in.bounds = PieceBounds(c, in);
         ASSIGN_OR_RETURN(ListResult placed, PlaceListed(c, policy, in, w));
+        if (policy == ModalityPolicy::kBubbleFill && !w.vision.empty() && TimedPlacementFits(c)) {
+          // The same images placed on the stages where they can be hidden (the text-only
+          // timeline's idle time), kept if the step is shorter.
+          ASSIGN_OR_RETURN(TextTimeline tl, TextOnlyTimeline(in, w, PieceQuantum(in)));
+          VisionPool timed = pool;
+          timed.timeline = &tl;
+          ModalityWork timed_work = BuildModalityWork(c, batch, timed, false);
+          ListInput tin = ListInputOf(c, shape, orders, tw, ranks, timed_work, sharded);
+          tin.bounds = PieceBounds(c, tin);
+          ASSIGN_OR_RETURN(ListResult tplaced, PlaceListed(c, policy, tin, timed_work));
+          if (tplaced.makespan_s < placed.makespan_s)
+            w = std::move(timed_work), in = std::move(tin), placed = std::move(tplaced);
+        }
         // The scheduler's working state (freed, partly in its threads' heaps) goes back
         // before the table is built; for large plans (text compute, SEND and RECV: about
         // three ops per text step).
@@ -266,16 +267,38 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         placed.rank_orders.clear();
         vision = std::move(placed.vision);
         shards = std::move(placed.generator);
-        ids.piece_f.resize(w.vision.size()), ids.piece_b.resize(w.vision.size());
-        for (size_t i = 0; i < w.vision.size(); ++i) {
-          if (in.bounds[i].size() <= 2) continue;
-          for (const PieceWork& p : SplitTask(w.vision[i], in.bounds[i])) {
-            ids.piece_f[i].push_back(b->AddWork(p.f));
-            ids.piece_b[i].push_back(b->AddWork(p.b));
-          }
-        }
+        bounds = std::move(in.bounds);
       }
       break;
+  }
+  ModalityWorkIds ids;
+  for (const VisionTask& t : w.vision) {
+    Work out;
+    out.payload_bytes = t.out_bytes;
+    ids.vision_f.push_back(b->AddWork(t.f));
+    ids.vision_b.push_back(b->AddWork(t.b));
+    ids.vision_recompute.push_back(b->AddWork(t.recompute));
+    ids.vision_out.push_back(b->AddWork(out));
+  }
+  for (const GeneratorTask& t : w.generator) {
+    const PieceWork p = sharded
+                            ? GeneratorShard(c, t, shape.pp, ReplicaAcrossNodes(shape, ranks, t.d))
+                            : PieceWork{t.f, t.b};
+    ids.generator_f.push_back(b->AddWork(p.f));
+    ids.generator_b.push_back(b->AddWork(p.b));
+  }
+  Work io;
+  io.payload_bytes = tw.p2p_bytes;  // the last stage's hidden states, or their gradient
+  ids.generator_io = b->AddWork(io);
+  if (!bounds.empty()) {
+    ids.piece_f.resize(w.vision.size()), ids.piece_b.resize(w.vision.size());
+    for (size_t i = 0; i < w.vision.size(); ++i) {
+      if (bounds[i].size() <= 2) continue;
+      for (const PieceWork& p : SplitTask(w.vision[i], bounds[i])) {
+        ids.piece_f[i].push_back(b->AddWork(p.f));
+        ids.piece_b[i].push_back(b->AddWork(p.b));
+      }
+    }
   }
   auto generator = PlaceGenerator(shape, w);
   // The text sequences, built once the placement's working state is gone (unless the

@@ -266,3 +266,77 @@ TEST_CASE("list-scheduled plans are the same on every run (alternatives run on t
     for (int run = 0; run < 3; ++run) CHECK(Plan(MultimodalConfig(policy)) == first);
   }
 }
+
+TEST_CASE("list scheduler: with fill_gangs a gang waits for a gap of every one of its ranks") {
+  // One image of micro-batch 1 split over r0 and r1 (0.5 s per shard, due at r0's F1,
+  // 1 s in the text-only step). By hand:
+  // - without: r1 starts the gang in its warm-up gap at 0; r0 follows after its F0 at 1:
+  //   gang [1, 1.5] on both, then r0 F1 [1.5, 2.5], r1 F0 [1.5, 2.5] B0 [2.5, 4.5]
+  //   F1 [4.5, 5.5] B1 [5.5, 7.5], r0 B0 [4.5, 6.5] B1 [7.5, 9.5]: step 9.5 s;
+  // - with: at 0 r0 is busy, so r1 runs its F0 at 1; at 1 the forward is due on r0 (latest
+  //   start 0.5), which starts the gang; r1 follows after its F0: gang [2, 2.5], r0 F1
+  //   [2.5, 3.5], r1 B0 [2.5, 4.5] F1 [4.5, 5.5] B1 [5.5, 7.5], r0 B0 [4.5, 6.5] B1
+  //   [7.5, 9.5]: step 9.5 s.
+  ListInput in = TwoStages();
+  ModalityWork w;
+  for (int shard = 0; shard < 2; ++shard) {
+    VisionTask t;
+    t.d = 0, t.mb = 1, t.task = 0, t.rank = shard, t.shard = shard, t.gang_ranks = {0, 1};
+    w.vision.push_back(t);
+  }
+  in.vf_s = {0.5, 0.5}, in.vb_s = {0, 0}, in.out_s = {0, 0};
+  for (bool fill : {false, true}) {
+    CAPTURE(fill);
+    ListRules rules;
+    rules.fill_gangs = fill;
+    auto r = ScheduleModality(in, w, rules);
+    REQUIRE_MESSAGE(r.ok(), r.status().message());
+    REQUIRE(r->vision.size() == 2);
+    CHECK(r->vision[0].f_at == doctest::Approx(fill ? 2 : 1));
+    CHECK(r->vision[1].f_at == r->vision[0].f_at);
+    CHECK(r->makespan_s == doctest::Approx(9.5));
+  }
+}
+
+TEST_CASE("list scheduler: a rank runs its own earlier forward before a gang it follows") {
+  // pp = 2, m = 3 (text-only: r0 F0 [0,1] F1 [1,2] B0 [4,6] F2 [6,7] ...; micro-batch 1
+  // due at 1, micro-batch 2 at 6). r0 holds a 0.5 s forward of micro-batch 1; an image of
+  // micro-batch 2 is split over r0 and r1. r1 starts the gang in its warm-up gap at 0; r0,
+  // free at 1, runs its own forward first (due earlier) [1, 1.5], then follows: the gang
+  // runs [1.5, 2] (posting first would have run the gang at 1 and the own forward at 1.5).
+  ListInput in = TwoStages();
+  in.shape.m = 3;
+  auto orders = TextSchedule(PipelineKind::k1F1B, 2, 1, 3);
+  REQUIRE(orders.ok());
+  in.orders = *orders;
+  ModalityWork w = OneTask(1, 0);
+  for (int shard = 0; shard < 2; ++shard) {
+    VisionTask t;
+    t.d = 0, t.mb = 2, t.task = 1, t.rank = shard, t.shard = shard, t.gang_ranks = {0, 1};
+    w.vision.push_back(t);
+  }
+  in.vf_s = {0.5, 0.5, 0.5}, in.vb_s = {0, 0, 0}, in.out_s = {0, 0, 0};
+  auto r = ScheduleModality(in, w, ListRules{});
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  REQUIRE(r->vision.size() == 3);
+  CHECK(r->vision[0].f_at == doctest::Approx(1));
+  CHECK(r->vision[1].f_at == doctest::Approx(1.5));
+  CHECK(r->vision[2].f_at == doctest::Approx(1.5));
+}
+
+TEST_CASE("text timeline: idle time before a moment and the moment enough idle time has passed") {
+  // Busy [1, 2], [2.05, 3], [5, 6]; gaps under 0.1 s count as busy: [1, 3], [5, 6].
+  TextTimeline tl;
+  tl.busy = {{{1, 2}, {2.05, 3}, {5, 6}}};
+  tl.Index(0.1);
+  REQUIRE(tl.busy[0].size() == 2);
+  CHECK(tl.busy[0][0].second == 3);
+  CHECK(tl.IdleBefore(0, 0.5) == doctest::Approx(0.5));
+  CHECK(tl.IdleBefore(0, 2) == doctest::Approx(1));
+  CHECK(tl.IdleBefore(0, 4) == doctest::Approx(2));
+  CHECK(tl.IdleBefore(0, 7) == doctest::Approx(4));
+  CHECK(tl.Advance(0, 0, 0.5) == doctest::Approx(0.5));
+  CHECK(tl.Advance(0, 0, 1.5) == doctest::Approx(3.5));  // [0, 1] and [3, 3.5]
+  CHECK(tl.Advance(0, 2, 2.5) == doctest::Approx(6.5));  // [3, 5] and [6, 6.5]
+  CHECK(tl.TextEnd(0) == 6);
+}

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -332,4 +333,93 @@ TEST_CASE("dynamic CP: a latency budget keeps an image whole; ring gather-KV hid
   // Attention FLOPs per GPU: 12 layers x 4 x (P / 2) x P x 1024.
   const double P = static_cast<double>(big);
   CHECK(two.items[0].attn_flops_per_gpu == doctest::Approx(12 * 4 * (P / 2) * P * 1024));
+}
+
+namespace {
+
+// A text-only timeline of the small multimodal config (pp 4 x dp 2, one GPU per rank):
+// ranks of the stages in `busy_stages` busy for [0, 1000 s], the others idle; every
+// micro-batch due at `due` and its gradient released at 0.
+TextTimeline IdleStages(const Config& c, std::vector<int> busy_stages, double due) {
+  TextTimeline tl;
+  const int ranks = c.parallel.pp * c.parallel.dp, m = c.training.microbatches;
+  tl.busy.assign(ranks, {});
+  for (int r = 0; r < ranks; ++r)
+    for (int s : busy_stages)
+      if (r % c.parallel.pp == s) tl.busy[r] = {{0, 1000}};
+  tl.due.assign(static_cast<size_t>(c.parallel.dp) * m, due);
+  tl.release.assign(tl.due.size(), 0);
+  tl.end = 1000;
+  tl.Index(0);
+  return tl;
+}
+
+}  // namespace
+
+TEST_CASE("timed placement: images go to the stage that is idle before they are due") {
+  // Stages 0-2 busy for the whole step, stage 3 idle: an image is on time only on stage
+  // 3 (elsewhere its forward ends after 1000 s), gangs too (a stage holds 2 GPUs).
+  Config c = MultimodalConfig("bubble-fill", {"model.vision.cp_max_group=2"});
+  auto batch = MakeStepBatch(c);
+  REQUIRE_MESSAGE(batch.ok(), batch.status().message());
+  const TextTimeline tl = IdleStages(c, {0, 1, 2}, 1000);
+  VisionPool pool;
+  pool.timeline = &tl;
+  ModalityWork w = BuildModalityWork(c, *batch, pool, false);
+  REQUIRE(!w.vision.empty());
+  for (const VisionTask& t : w.vision) {
+    CHECK(t.rank % 4 == 3);
+    for (int r : t.gang_ranks) CHECK(r % 4 == 3);
+  }
+}
+
+TEST_CASE("timed placement: an image that is late everywhere is split as far as it may be") {
+  // A latency budget without bound keeps every image whole under FLOP balancing; when every
+  // stage is busy past the due time, each image above the patch threshold (2048^2:
+  // 21,316 patches > 4,096) is split over the 2 GPUs cp_max_group allows: a gang of 2.
+  Config c = MultimodalConfig("bubble-fill", {"model.vision.cp_max_group=2"});
+  auto batch = MakeStepBatch(c);
+  REQUIRE_MESSAGE(batch.ok(), batch.status().message());
+  int large = 0;
+  for (const auto& replica : batch->replicas)
+    for (const MicroBatch& mb : replica)
+      for (const Sample& s : mb.samples)
+        for (const Image& img : s.images)
+          large += Patches(img, c.model.vision.patch) > c.model.vision.cp_threshold_patches;
+  REQUIRE(large > 0);
+  auto shards = [](const ModalityWork& w) {
+    int n = 0;
+    for (const VisionTask& t : w.vision) n += t.shard >= 0;
+    return n;
+  };
+  VisionPool pool;
+  pool.latency_budget_s = 1e9, pool.window_rounds = 1 << 20;
+  CHECK(shards(BuildModalityWork(c, *batch, pool, false)) == 0);
+  const TextTimeline tl = IdleStages(c, {0, 1, 2, 3}, 0);
+  pool.timeline = &tl;
+  CHECK(shards(BuildModalityWork(c, *batch, pool, false)) == 2 * large);
+}
+
+TEST_CASE("micro-batch order light_ends: lightest at both ends, heaviest in the middle") {
+  Config drawn = MultimodalConfig("nested");
+  Config light = MultimodalConfig("nested", {"data.microbatch_order=light_ends"});
+  auto a = MakeStepBatch(drawn), b = MakeStepBatch(light);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(a->replicas.size() == b->replicas.size());
+  for (size_t d = 0; d < a->replicas.size(); ++d) {
+    std::vector<double> x, y;
+    for (const MicroBatch& mb : a->replicas[d]) x.push_back(mb.vision_flops);
+    for (const MicroBatch& mb : b->replicas[d]) y.push_back(mb.vision_flops);
+    std::vector<double> sorted = y;
+    std::sort(x.begin(), x.end());
+    std::sort(sorted.begin(), sorted.end());
+    CHECK(x == sorted);  // the same micro-batches
+    REQUIRE(y.size() >= 2);
+    CHECK(y.front() == sorted[0]);
+    CHECK(y.back() == sorted[1]);
+    const size_t peak = std::max_element(y.begin(), y.end()) - y.begin();
+    for (size_t i = 0; i + 1 < y.size(); ++i)
+      CHECK((i < peak ? y[i] <= y[i + 1] : y[i] >= y[i + 1]));
+  }
 }
