@@ -67,6 +67,9 @@ TEST_CASE("gradient equivalence: every modality policy, with a generator and wit
         Plan(MultimodalConfig(policy, {"schedule.pipeline=interleaved-1f1b", "parallelism.vp=2"})));
   }
   ExpectEquivalent(Plan(MultimodalConfig("decoupled", {"schedule.decoupled_recompute=true"})));
+  // Gangs within a stage's GPUs (bubble-fill also places the images timed), light_ends.
+  ExpectEquivalent(Plan(MultimodalConfig(
+      "bubble-fill", {"model.vision.cp_max_group=2", "data.microbatch_order=light_ends"})));
   for (std::string policy : {"inline", "decoupled", "nested", "bubble-fill", "optimus"})
     ExpectEquivalent(Plan(
         MultimodalConfig(policy, {"model.generator={layers: 2, hidden: 512, mlp: 2048, heads: 8}",
