@@ -38,6 +38,16 @@ ModalityWork OneTask(int mb, int rank) {
   return w;
 }
 
+// An image of micro-batch `mb` (consumer: replica 0) split over ranks 0 and 1, task
+// index `task`.
+void AddGang(ModalityWork* w, int mb, int task) {
+  for (int shard = 0; shard < 2; ++shard) {
+    VisionTask t;
+    t.d = 0, t.mb = mb, t.task = task, t.rank = shard, t.shard = shard, t.gang_ranks = {0, 1};
+    w->vision.push_back(t);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("list scheduler: text alone matches the hand-timed 1F1B") {
@@ -102,11 +112,7 @@ TEST_CASE("list scheduler: the shards of a gang start together") {
   in.orders = *orders;
   in.f_s = {1}, in.b_s = {2}, in.next_p2p_s = {0, 0};
   ModalityWork w;
-  for (int shard = 0; shard < 2; ++shard) {
-    VisionTask t;
-    t.d = 0, t.mb = 1, t.task = 0, t.rank = shard, t.shard = shard, t.gang_ranks = {0, 1};
-    w.vision.push_back(t);
-  }
+  AddGang(&w, 1, 0);
   in.vf_s = {0.5, 0.5}, in.vb_s = {1, 1}, in.out_s = {0, 0};
   for (bool steal : {false, true}) {
     ListRules rules;
@@ -279,11 +285,7 @@ TEST_CASE("list scheduler: with fill_gangs a gang waits for a gap of every one o
   //   [7.5, 9.5]: step 9.5 s.
   ListInput in = TwoStages();
   ModalityWork w;
-  for (int shard = 0; shard < 2; ++shard) {
-    VisionTask t;
-    t.d = 0, t.mb = 1, t.task = 0, t.rank = shard, t.shard = shard, t.gang_ranks = {0, 1};
-    w.vision.push_back(t);
-  }
+  AddGang(&w, 1, 0);
   in.vf_s = {0.5, 0.5}, in.vb_s = {0, 0}, in.out_s = {0, 0};
   for (bool fill : {false, true}) {
     CAPTURE(fill);
@@ -310,11 +312,7 @@ TEST_CASE("list scheduler: a rank runs its own earlier forward before a gang it 
   REQUIRE(orders.ok());
   in.orders = *orders;
   ModalityWork w = OneTask(1, 0);
-  for (int shard = 0; shard < 2; ++shard) {
-    VisionTask t;
-    t.d = 0, t.mb = 2, t.task = 1, t.rank = shard, t.shard = shard, t.gang_ranks = {0, 1};
-    w.vision.push_back(t);
-  }
+  AddGang(&w, 2, 1);
   in.vf_s = {0.5, 0.5, 0.5}, in.vb_s = {0, 0, 0}, in.out_s = {0, 0, 0};
   auto r = ScheduleModality(in, w, ListRules{});
   REQUIRE_MESSAGE(r.ok(), r.status().message());
