@@ -862,7 +862,8 @@ void RunParallel(size_t n, const std::function<void(size_t)>& f) {
 }  // namespace
 
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
-                                      const std::vector<ListRules>& alternatives) {
+                                      const std::vector<ListRules>& alternatives,
+                                      TextTimeline* text_timeline) {
   const PipelineShape& sh = in.shape;
   const size_t T = w.vision.size(), R = static_cast<size_t>(sh.dp) * sh.pp;
   const size_t DM = static_cast<size_t>(sh.dp) * sh.m;
@@ -890,6 +891,7 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
   const ListRules text_rules = alternatives.empty() ? ListRules{} : alternatives[0];
   Pass text(in, w, text_rules, none);
   RETURN_IF_ERROR(text.Run());
+  if (text_timeline) *text_timeline = text.Timeline();
   // Each alternative repeats passes while its makespan improves and keeps its best pass.
   // Alternatives are independent: they run on the machine's cores. The winner is the
   // shortest makespan, the first alternative among equals (as one after the other would
@@ -935,17 +937,6 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
   for (const Status& s : status) RETURN_IF_ERROR(s);
   best.text_makespan_s = text.makespan();
   return best;
-}
-
-StatusOr<TextTimeline> TextOnlyTimeline(const ListInput& in, const ModalityWork& w,
-                                        double min_gap_s) {
-  const ListRules rules;
-  const std::vector<double> none;
-  Pass text(in, w, rules, none);
-  RETURN_IF_ERROR(text.Run());
-  TextTimeline tl = text.Timeline();
-  tl.Index(min_gap_s);
-  return tl;
 }
 
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,

@@ -105,13 +105,11 @@ struct ListResult {
 
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
                                       const ListRules& rules);
-// The text-only pass's timeline (text ops, and a split generator's gangs), indexed with
-// gaps shorter than `min_gap_s` counted as busy.
-StatusOr<TextTimeline> TextOnlyTimeline(const ListInput& in, const ModalityWork& w,
-                                        double min_gap_s);
 // The best of several rule sets (shortest predicted step; the first wins ties), sharing the
-// text-only pass.
+// text-only pass; `text`, if given, receives that pass's timeline (text ops, and a split
+// generator's gangs; not yet indexed).
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
-                                      const std::vector<ListRules>& alternatives);
+                                      const std::vector<ListRules>& alternatives,
+                                      TextTimeline* text = nullptr);
 
 }  // namespace pipeplan

@@ -183,7 +183,7 @@ std::vector<std::vector<int>> PieceBounds(const Config& c, const ListInput& in) 
 // may use every placement nested may (so it is never slower), with or without moving
 // tasks.
 StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const ListInput& in,
-                                 const ModalityWork& w) {
+                                 const ModalityWork& w, TextTimeline* text = nullptr) {
   const ListRules rules = RulesOf(c, policy, in);
   std::vector<ListRules> all{rules};
   if (policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill) {
@@ -205,7 +205,7 @@ StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const L
     own.steal = true, own.fill_gangs = false;
     all.push_back(own);
   }
-  return ScheduleModality(in, w, all);
+  return ScheduleModality(in, w, all, text);
 }
 
 Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch& batch,
@@ -242,11 +242,15 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
       if (!w.vision.empty() || sharded) {
         ListInput in = ListInputOf(c, shape, orders, tw, ranks, w, sharded);
         in.bounds = PieceBounds(c, in);
-        ASSIGN_OR_RETURN(ListResult placed, PlaceListed(c, policy, in, w));
-        if (policy == ModalityPolicy::kBubbleFill && !w.vision.empty() && TimedPlacementFits(c)) {
+        const bool timed_too =
+            policy == ModalityPolicy::kBubbleFill && !w.vision.empty() && TimedPlacementFits(c);
+        TextTimeline tl;
+        ASSIGN_OR_RETURN(ListResult placed,
+                         PlaceListed(c, policy, in, w, timed_too ? &tl : nullptr));
+        if (timed_too) {
           // The same images placed on the stages where they can be hidden (the text-only
           // timeline's idle time), kept if the step is shorter.
-          ASSIGN_OR_RETURN(TextTimeline tl, TextOnlyTimeline(in, w, PieceQuantum(in)));
+          tl.Index(PieceQuantum(in));
           VisionPool timed = pool;
           timed.timeline = &tl;
           ModalityWork timed_work = BuildModalityWork(c, batch, timed, false);
