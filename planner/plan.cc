@@ -156,13 +156,14 @@ double PipelinedBudget(const Config& c, const PipelineShape& shape, const TextWo
   return ModalityWindow(c) * round;
 }
 
-// Layer-group pieces: each task is cut into the fewest equal layer groups whose forward
-// and backward each take no longer than the shortest text forward (a piece then fits the
-// gaps the text pipeline leaves and never stalls it by more than one text op).
+// The longest a layer-group piece may take: the shortest text forward.
 double PieceQuantum(const ListInput& in) {
   return *std::min_element(in.f_s.begin(), in.f_s.end());
 }
 
+// Layer-group pieces: each task is cut into the fewest equal layer groups whose forward
+// and backward each take no longer than the shortest text forward (a piece then fits the
+// gaps the text pipeline leaves and never stalls it by more than one text op).
 std::vector<std::vector<int>> PieceBounds(const Config& c, const ListInput& in) {
   const double quantum = PieceQuantum(in);
   const int layers = c.model.vision.layers;
@@ -181,7 +182,8 @@ std::vector<std::vector<int>> PieceBounds(const Config& c, const ListInput& in) 
 // predicted step kept. Nested may also keep Optimus's phases under its windows and budget,
 // and, when no window was asked for, let its budget alone bound the memory; bubble-fill
 // may use every placement nested may (so it is never slower), with or without moving
-// tasks.
+// tasks, with or without starting gangs only in common gaps. `text`, if given, receives
+// the text-only pass's timeline.
 StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const ListInput& in,
                                  const ModalityWork& w, TextTimeline* text = nullptr) {
   const ListRules rules = RulesOf(c, policy, in);
