@@ -30,6 +30,76 @@ struct PieceSlot {
   Slot f, b;
 };
 
+// Ranks by the time of their next decision, earliest first (ties: the lowest rank), as a
+// tournament tree over ranks: a change walks one leaf-to-root path (stopping where the
+// winner is unchanged), without the mispredicted branches of a binary heap's sift-down. A
+// rank holds `count` decisions at its time; a push at a later time replaces them (they are
+// stale: a rank's time only grows), so a rank pops as often as a heap of (time, rank)
+// would pop it with a time still current. A pop's removal waits for the next call: the
+// popped rank usually pushes again at once, and one walk does for both.
+class DecisionQueue {
+ public:
+  void Reset(int ranks) {
+    leaves_ = 1;
+    while (leaves_ < ranks) leaves_ *= 2;
+    node_.assign(2 * static_cast<size_t>(leaves_), Node{kInf, 0});
+    for (int r = 0; r < leaves_; ++r) node_[leaves_ + r].rank = r;
+    count_.assign(leaves_, 0);
+    popped_ = -1;
+  }
+  bool Empty() {
+    Settle();
+    return node_[1].key == kInf;
+  }
+  void Push(int r, double t) {
+    Node& leaf = node_[leaves_ + r];
+    if (count_[r] > 0 && leaf.key == t) {
+      ++count_[r];
+      return;
+    }
+    if (popped_ != r) Settle();
+    popped_ = -1;
+    leaf.key = t;
+    count_[r] = 1;
+    Update(r);
+  }
+  // The earliest rank and its time; call only when not Empty().
+  std::pair<double, int> Pop() {
+    Settle();
+    const Node top = node_[1];
+    if (--count_[top.rank] == 0) {
+      node_[leaves_ + top.rank].key = kInf;
+      popped_ = top.rank;
+    }
+    return {top.key, top.rank};
+  }
+
+ private:
+  struct Node {
+    double key;
+    int rank;
+  };
+  void Settle() {
+    if (popped_ >= 0) Update(popped_);
+    popped_ = -1;
+  }
+  void Update(int r) {
+    size_t i = static_cast<size_t>(leaves_) + r;
+    Node cur = node_[i];
+    for (; i > 1; i /= 2) {
+      const Node& sib = node_[i ^ 1];
+      if (sib.key < cur.key || (sib.key == cur.key && sib.rank < cur.rank)) cur = sib;
+      Node& parent = node_[i / 2];
+      if (parent.rank == cur.rank && parent.key == cur.key) return;  // ancestors unchanged
+      parent = cur;
+    }
+  }
+  int leaves_ = 1;
+  std::vector<Node> node_;  // node_[1] the root; leaves at [leaves_, 2 leaves_)
+  std::vector<int> count_;
+  int popped_ = -1;  // a rank popped to empty whose path is not updated yet
+};
+
 // One pass of the list scheduler.
 class Pass {
  public:
@@ -41,6 +111,9 @@ class Pass {
 
   Status Run();
   double makespan() const { return makespan_; }
+  // Whether a window acted: held a forward back, made a backward due, or woke a parked
+  // rank. If not, the same rules without windows make the same decisions.
+  bool window_bound() const { return window_bound_; }
   // Start of each consumer's text F(0, mb), per (d * m + mb).
   std::vector<double> ConsumerStarts() const;
   std::vector<VisionPlacement> Placements() const;
@@ -86,7 +159,7 @@ class Pass {
   double Duration(int r, int i) const;
   double Transfer(int a, int b) const;
   double ReadyTime(int r) const;
-  void Push(int r) { heap_.push({free_[r], r}); }
+  void Push(int r) { queue_.Push(r, free_[r]); }
   void Wake(int r) {
     if (parked_[r]) parked_[r] = 0, Push(r);
   }
@@ -150,7 +223,9 @@ class Pass {
     const int w = rules_.backward_window;
     if (w <= 0 || v.mb + w >= s_.m) return false;
     const double st = start_[s_.rank(v.d, 0)][PosOf(0, OpKind::kB, 0, v.mb + w)];
-    return st != kUnknown && st <= t;
+    const bool due = st != kUnknown && st <= t;
+    window_bound_ |= due;
+    return due;
   }
 
   const ListInput& in_;
@@ -189,9 +264,9 @@ class Pass {
   std::vector<int> consumer_tasks_;  // CSR per (d, mb): tasks
   std::vector<int> consumer_begin_;
   std::set<std::pair<double, int>> stealable_;  // (forward seconds, task)
-  std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>>
-      heap_;
+  DecisionQueue queue_;
   double makespan_ = 0;
+  mutable bool window_bound_ = false;
   // Sharded generator, per (d * m + mb): its gang, start and end, and (rank, text position)
   // of each shard.
   std::vector<int> gen_gang_;
@@ -265,7 +340,9 @@ bool Pass::WindowOpen(int task, double t) const {
   if (m < 0) return true;
   const int c = s_.rank(v.d, 0);
   const double st = start_[c][PosOf(0, OpKind::kF, 0, m)];
-  return st != kUnknown && st <= t;
+  const bool open = st != kUnknown && st <= t;
+  window_bound_ |= !open;
+  return open;
 }
 
 // The unplaced forward on r with the earliest deadline whose window is open at t and that
@@ -332,8 +409,11 @@ void Pass::RunText(int r, double start) {
     // A window may have opened for forwards of later micro-batches.
     const size_t k = static_cast<size_t>(d) * s_.m + st.mb + rules_.window;
     if (rules_.window > 0 && st.mb + rules_.window < s_.m)
-      for (int j = consumer_begin_[k]; j < consumer_begin_[k + 1]; ++j)
-        Wake(jobs_[consumer_tasks_[j]].rank);
+      for (int j = consumer_begin_[k]; j < consumer_begin_[k + 1]; ++j) {
+        const int q = jobs_[consumer_tasks_[j]].rank;
+        window_bound_ |= parked_[q] != 0;  // without the window it would sleep on
+        Wake(q);
+      }
   }
   Push(r);
 }
@@ -658,13 +738,13 @@ Status Pass::Run() {
       if (order[i].kind == OpKind::kF) last_f_[st] = std::max(last_f_[st], i);
     }
   }
+  queue_.Reset(R);
   for (int r = 0; r < R; ++r) Push(r);
   size_t budget = 64 * (T + 16) + 64 * static_cast<size_t>(R) * (in_.orders[0].size() + 4);
   for (;;) {
-    while (!heap_.empty()) {
+    while (!queue_.Empty()) {
       if (budget-- == 0) return Internal("modality list scheduler: no progress");
-      auto [time, r] = heap_.top();
-      heap_.pop();
+      auto [time, r] = queue_.Pop();
       if (time != free_[r] || parked_[r]) continue;
       Decide(r);
     }
@@ -861,11 +941,12 @@ void RunParallel(size_t n, const std::function<void(size_t)>& f) {
 
 }  // namespace
 
-StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
-                                      const std::vector<ListRules>& alternatives,
-                                      TextTimeline* text_timeline) {
+namespace {
+
+// `w` null: the text part of `in` only.
+Status CheckInput(const ListInput& in, const ModalityWork* w) {
   const PipelineShape& sh = in.shape;
-  const size_t T = w.vision.size(), R = static_cast<size_t>(sh.dp) * sh.pp;
+  const size_t T = w ? w->vision.size() : in.vf_s.size(), R = static_cast<size_t>(sh.dp) * sh.pp;
   const size_t DM = static_cast<size_t>(sh.dp) * sh.m;
   auto sized = [](const auto& v, size_t n, bool may_be_empty) {
     return v.size() == n || (may_be_empty && v.empty());
@@ -882,36 +963,72 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
     for (const Step& st : o)
       if ((st.kind == OpKind::kI || st.kind == OpKind::kW) && in.i_s.empty())
         return Internal("modality list scheduler: a split backward without I and W times");
-  for (const VisionTask& v : w.vision)
-    if (v.rank < 0 || static_cast<size_t>(v.rank) >= R || v.d < 0 || v.d >= sh.dp || v.mb < 0 ||
-        v.mb >= sh.m)
-      return Internal("modality list scheduler: a vision task outside the pipeline");
+  if (w)
+    for (const VisionTask& v : w->vision)
+      if (v.rank < 0 || static_cast<size_t>(v.rank) >= R || v.d < 0 || v.d >= sh.dp || v.mb < 0 ||
+          v.mb >= sh.m)
+        return Internal("modality list scheduler: a vision task outside the pipeline");
+  return Status::Ok();
+}
+
+// Index of the alternative before `b` that differs from it only by its windows (b has
+// none), or -1. Passes of the two are the same decisions until a window binds.
+int WindowTwin(const std::vector<ListRules>& alternatives, size_t b) {
+  const ListRules& rb = alternatives[b];
+  if (rb.window != 0 || rb.backward_window != 0) return -1;
+  for (size_t a = 0; a < b; ++a) {
+    ListRules ra = alternatives[a];
+    if (ra.window == 0 && ra.backward_window == 0) continue;
+    ra.window = ra.backward_window = 0;
+    if (ra == rb) return static_cast<int>(a);
+  }
+  return -1;
+}
+
+}  // namespace
+
+StatusOr<TextTimeline> ScheduleText(const ListInput& in) {
+  const ModalityWork none_work;
+  RETURN_IF_ERROR(CheckInput(in, nullptr));
+  // Rules do not act without modality work; a Pass keeps references to its arguments.
+  const ListRules rules;
   const std::vector<double> none;
-  // A Pass keeps references: its rules must outlive it (a temporary here did not).
-  const ListRules text_rules = alternatives.empty() ? ListRules{} : alternatives[0];
-  Pass text(in, w, text_rules, none);
+  Pass text(in, none_work, rules, none);
   RETURN_IF_ERROR(text.Run());
-  if (text_timeline) *text_timeline = text.Timeline();
+  return text.Timeline();
+}
+
+StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
+                                      const std::vector<ListRules>& alternatives,
+                                      const TextTimeline& text) {
+  RETURN_IF_ERROR(CheckInput(in, &w));
+  if (text.due.size() != static_cast<size_t>(in.shape.dp) * in.shape.m)
+    return Internal("modality list scheduler: a text timeline of another pipeline");
   // Each alternative repeats passes while its makespan improves and keeps its best pass.
   // Alternatives are independent: they run on the machine's cores. The winner is the
   // shortest makespan, the first alternative among equals (as one after the other would
-  // pick); only the winner so far keeps its placements.
+  // pick); only the winner so far keeps its placements. An alternative without windows
+  // whose twin with windows never met one would repeat the twin's passes exactly and lose
+  // the tie: it runs (in a second round) only when a window bound the twin. A repeat of an
+  // earlier alternative does not run.
   ListResult best;
   best.makespan_s = kInf;
   size_t best_index = alternatives.size();
   std::vector<Status> status(alternatives.size(), Status::Ok());
+  std::vector<uint8_t> window_bound(alternatives.size(), 0);
   std::mutex mu;
   auto run = [&](size_t a) {
     const ListRules& rules = alternatives[a];
     ListResult mine;
     mine.makespan_s = kInf;
-    std::vector<double> deadline = text.ConsumerStarts();
+    std::vector<double> deadline = text.due;
     double last = kInf;
     for (int k = 0; k < std::max(1, rules.passes); ++k) {
       Pass p(in, w, rules, deadline);
       status[a] = p.Run();
       if (!status[a].ok()) return;
       ++mine.passes;
+      window_bound[a] |= p.window_bound();
       if (p.makespan() >= last) break;
       last = p.makespan();
       if (last < mine.makespan_s) {
@@ -933,15 +1050,27 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
       best.rank_orders = std::move(mine.rank_orders);
     }
   };
-  RunParallel(alternatives.size(), run);
-  for (const Status& s : status) RETURN_IF_ERROR(s);
-  best.text_makespan_s = text.makespan();
+  std::vector<size_t> first, second;
+  std::vector<int> twin(alternatives.size());
+  for (size_t a = 0; a < alternatives.size(); ++a) {
+    const auto begin = alternatives.begin();
+    if (std::find(begin, begin + a, alternatives[a]) != begin + a) continue;  // a repeat
+    twin[a] = WindowTwin(alternatives, a);
+    (twin[a] < 0 ? first : second).push_back(a);
+  }
+  RunParallel(first.size(), [&](size_t i) { run(first[i]); });
+  for (size_t i : first) RETURN_IF_ERROR(status[i]);
+  std::erase_if(second, [&](size_t a) { return !window_bound[twin[a]]; });
+  RunParallel(second.size(), [&](size_t i) { run(second[i]); });
+  for (size_t i : second) RETURN_IF_ERROR(status[i]);
+  best.text_makespan_s = text.end;
   return best;
 }
 
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
                                       const ListRules& rules) {
-  return ScheduleModality(in, w, std::vector<ListRules>{rules});
+  ASSIGN_OR_RETURN(TextTimeline text, ScheduleText(in));
+  return ScheduleModality(in, w, std::vector<ListRules>{rules}, text);
 }
 
 }  // namespace pipeplan

@@ -66,6 +66,7 @@ struct ListRules {
   // gap of the rank that starts it, the others following at once).
   bool fill_gangs = false;
   int passes = 4;
+  bool operator==(const ListRules&) const = default;
 };
 
 // Timing inputs, all in seconds.
@@ -105,11 +106,14 @@ struct ListResult {
 
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
                                       const ListRules& rules);
-// The best of several rule sets (shortest predicted step; the first wins ties), sharing the
-// text-only pass; `text`, if given, receives that pass's timeline (text ops, and a split
-// generator's gangs; not yet indexed).
+// The text-only pass (no modality work; the rules do not act): its timeline (text ops, and
+// a split generator's gangs; not yet indexed), `due` the consumers' text F starts and `end`
+// the text makespan. It depends on the text part of `in` only.
+StatusOr<TextTimeline> ScheduleText(const ListInput& in);
+// The best of several rule sets (shortest predicted step; the first wins ties), passes
+// starting from `text` (ScheduleText of the same text part).
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
                                       const std::vector<ListRules>& alternatives,
-                                      TextTimeline* text = nullptr);
+                                      const TextTimeline& text);
 
 }  // namespace pipeplan

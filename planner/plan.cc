@@ -182,10 +182,9 @@ std::vector<std::vector<int>> PieceBounds(const Config& c, const ListInput& in) 
 // predicted step kept. Nested may also keep Optimus's phases under its windows and budget,
 // and, when no window was asked for, let its budget alone bound the memory; bubble-fill
 // may use every placement nested may (so it is never slower), with or without moving
-// tasks, with or without starting gangs only in common gaps. `text`, if given, receives
-// the text-only pass's timeline.
+// tasks, with or without starting gangs only in common gaps. `text`: the text-only pass.
 StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const ListInput& in,
-                                 const ModalityWork& w, TextTimeline* text = nullptr) {
+                                 const ModalityWork& w, const TextTimeline& text) {
   const ListRules rules = RulesOf(c, policy, in);
   std::vector<ListRules> all{rules};
   if (policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill) {
@@ -246,9 +245,8 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         in.bounds = PieceBounds(c, in);
         const bool timed_too =
             policy == ModalityPolicy::kBubbleFill && !w.vision.empty() && TimedPlacementFits(c);
-        TextTimeline tl;
-        ASSIGN_OR_RETURN(ListResult placed,
-                         PlaceListed(c, policy, in, w, timed_too ? &tl : nullptr));
+        ASSIGN_OR_RETURN(TextTimeline tl, ScheduleText(in));
+        ASSIGN_OR_RETURN(ListResult placed, PlaceListed(c, policy, in, w, tl));
         if (timed_too) {
           // The same images placed on the stages where they can be hidden (the text-only
           // timeline's idle time), kept if the step is shorter.
@@ -258,7 +256,7 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
           ModalityWork timed_work = BuildModalityWork(c, batch, timed, false);
           ListInput tin = ListInputOf(c, shape, orders, tw, ranks, timed_work, sharded);
           tin.bounds = PieceBounds(c, tin);
-          ASSIGN_OR_RETURN(ListResult tplaced, PlaceListed(c, policy, tin, timed_work));
+          ASSIGN_OR_RETURN(ListResult tplaced, PlaceListed(c, policy, tin, timed_work, tl));
           if (tplaced.makespan_s < placed.makespan_s)
             w = std::move(timed_work), in = std::move(tin), placed = std::move(tplaced);
         }

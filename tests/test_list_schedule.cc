@@ -338,3 +338,44 @@ TEST_CASE("text timeline: idle time before a moment and the moment enough idle t
   CHECK(tl.Advance(0, 2, 2.5) == doctest::Approx(6.5));  // [3, 5] and [6, 6.5]
   CHECK(tl.TextEnd(0) == 6);
 }
+
+TEST_CASE("list scheduler: rules without windows run only where their twin's window acted") {
+  // pp = 2, 1F1B, m = 3, text F = 1 s, B = 2 s: r0 F0 [0,1] F1 [1,2] B0 [4,6] F2 [6,7]
+  // B1 [7,9] B2 [10,12]; r1 F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7] F2 [7,8] B2 [8,10]. One
+  // 1 s forward on r1 for micro-batch `mb` fits r1's idle [0, 1]; with a window of 1 it
+  // may start only once r0 has started the text F of mb - 1 (at 0 s for mb 1, 1 s for 2).
+  ListInput in;
+  in.shape = PipelineShape{2, 1, 1, 3};
+  auto orders = TextSchedule(PipelineKind::k1F1B, 2, 1, 3);
+  REQUIRE(orders.ok());
+  in.orders = *orders;
+  in.f_s = {1, 1}, in.b_s = {2, 2}, in.next_p2p_s = {0, 0};
+  in.vf_s = {1}, in.vb_s = {0}, in.out_s = {0};
+  auto text = ScheduleText(in);
+  REQUIRE_MESSAGE(text.ok(), text.status().message());
+  CHECK(text->end == doctest::Approx(12));
+  ListRules windowed;
+  windowed.window = 1;
+  const ListRules open;
+  for (int mb : {1, 2}) {
+    CAPTURE(mb);
+    const ModalityWork w = OneTask(mb, 1);
+    auto with = ScheduleModality(in, w, {windowed}, *text);
+    auto without = ScheduleModality(in, w, {open}, *text);
+    auto both = ScheduleModality(in, w, {windowed, open}, *text);
+    REQUIRE(with.ok());
+    REQUIRE(without.ok());
+    REQUIRE(both.ok());
+    CHECK(without->makespan_s == doctest::Approx(12));
+    CHECK(without->vision[0].f_at == 0);
+    CHECK(both->makespan_s == without->makespan_s);
+    CHECK(both->vision[0].f_at == without->vision[0].f_at);
+    if (mb == 1) {  // the window never held anything back: the twin does not run
+      CHECK(with->makespan_s == doctest::Approx(12));
+      CHECK(both->passes == with->passes);
+    } else {  // it did (the forward waits past r1's gap): the twin runs and wins
+      CHECK(with->makespan_s > 12);
+      CHECK(both->passes == with->passes + without->passes);
+    }
+  }
+}
