@@ -3,8 +3,11 @@
 #include <doctest/doctest.h>
 
 #include <map>
+#include <queue>
+#include <random>
 
 #include "helpers.h"
+#include "planner/decision_queue.h"
 #include "planner/list_schedule.h"
 #include "planner/plan.h"
 #include "planner/validate.h"
@@ -376,6 +379,38 @@ TEST_CASE("list scheduler: rules without windows run only where their twin's win
     } else {  // it did (the forward waits past r1's gap): the twin runs and wins
       CHECK(with->makespan_s > 12);
       CHECK(both->passes == with->passes + without->passes);
+    }
+  }
+}
+
+TEST_CASE("decision queue: pops what a heap of (time, rank) pops, stale times skipped") {
+  // The model: a binary heap of every push; a popped entry whose time is no longer its
+  // rank's is stale and skipped. Times only grow per rank, with ties and repeated pushes.
+  std::mt19937 rng(7);
+  for (int round = 0; round < 200; ++round) {
+    const int R = 1 + static_cast<int>(rng() % 40);
+    DecisionQueue q;
+    q.Reset(R);
+    std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>>
+        heap;
+    std::vector<double> now(R, 0);
+    auto model_empty = [&] {
+      while (!heap.empty() && heap.top().first != now[heap.top().second]) heap.pop();
+      return heap.empty();
+    };
+    for (int r = 0; r < R; ++r) q.Push(r, 0), heap.push({0, r});
+    for (int step = 0; step < 400; ++step) {
+      REQUIRE(q.Empty() == model_empty());
+      if (!q.Empty() && rng() % 2 == 0) {
+        const auto expected = heap.top();
+        heap.pop();
+        REQUIRE(q.Pop() == expected);
+        continue;
+      }
+      const int r = static_cast<int>(rng() % R);
+      now[r] += 0.5 * static_cast<double>(rng() % 3);  // 0: a repeated push at its time
+      q.Push(r, now[r]);
+      heap.push({now[r], r});
     }
   }
 }
