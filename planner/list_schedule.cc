@@ -166,6 +166,7 @@ class Pass {
   const PipelineShape s_;
   const std::vector<double>& deadline_;
   std::vector<std::vector<int>> pos_of_;  // per stage: (chunk, mb, kind) -> position
+  std::vector<std::vector<int>> w_pos_;   // per stage: positions of its W passes
   std::vector<int> pos_;
   // Per rank, per text position: a W already run in a gap before its place; and the W
   // moved, each with the position it ran before.
@@ -579,10 +580,14 @@ void Pass::Park(int r) {
 Status Pass::Run() {
   const int R = s_.dp * s_.pp;
   pos_of_.assign(s_.pp, std::vector<int>(static_cast<size_t>(s_.vp) * s_.m * 2, -1));
+  w_pos_.assign(s_.pp, {});
   for (int s = 0; s < s_.pp; ++s)
     for (size_t i = 0; i < in_.orders[s].size(); ++i) {
       const Step& st = in_.orders[s][i];
-      if (st.kind == OpKind::kW) continue;
+      if (st.kind == OpKind::kW) {
+        w_pos_[s].push_back(static_cast<int>(i));
+        continue;
+      }
       pos_of_[s][(static_cast<size_t>(st.chunk) * s_.m + st.mb) * 2 + Backward(st.kind)] =
           static_cast<int>(i);
     }
@@ -740,11 +745,13 @@ Status Pass::Run() {
 // ready (it then no longer runs at its own place).
 bool Pass::PullWeight(int r, double t, double gap) {
   const auto& order = in_.orders[Stage(r)];
-  const int n = static_cast<int>(order.size());
   if (pos_[r] > 0 && order[pos_[r] - 1].overlap_next) return false;  // inside a pair
-  for (int j = pos_[r] + 1, seen = 0; j < n && seen < kScan; ++j) {
+  const auto& ws = w_pos_[Stage(r)];
+  auto first = std::upper_bound(ws.begin(), ws.end(), pos_[r]);
+  for (int seen = 0; first != ws.end() && seen < kScan; ++first) {
+    const int j = *first;
     const Step& st = order[j];
-    if (st.kind != OpKind::kW || pulled_[r][j]) continue;
+    if (pulled_[r][j]) continue;
     ++seen;
     const int i = PosOf(Stage(r), OpKind::kI, st.chunk, st.mb);
     if (i >= pos_[r] || end_[r][i] == kUnknown) continue;  // its I has not run
