@@ -303,9 +303,12 @@ VisionTask TaskFromLoad(const Config& c, const GpuLoad& load, double model_flops
   t.act_bytes = act / gpus;
   t.out_bytes = tokens * c.model.llm.hidden * kBf16 / gpus;
   t.b = t.f;
-  // Backward = 2x forward, + the forward again under full recompute.
+  // Backward = 2x forward, + the forward again under full recompute, + the core attention's
+  // forward again under selective (it keeps no attention output or log-sum-exp).
   t.b.flops = (v.recompute == Recompute::kFull ? 3 : 2) * t.f.flops;
   t.b.attn_flops = (v.recompute == Recompute::kFull ? 3 : 2) * t.f.attn_flops;
+  if (v.recompute == Recompute::kSelective)
+    t.b.flops += t.f.attn_flops, t.b.attn_flops += t.f.attn_flops;
   t.b.model_flops = 2 * model_flops, t.b.hbm_bytes = 2 * t.f.hbm_bytes;
   t.f.hbm_bytes += store_hbm, t.b.hbm_bytes += store_hbm;  // FP8 storage: (de)quantise
   t.b.tp_bytes = 2 * t.f.tp_bytes, t.b.tp_calls = 2 * t.f.tp_calls, t.b.kernels = 2 * t.f.kernels;
@@ -587,9 +590,12 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
         const double act = tokens / gpus * g.layers * saved.kept;
         t.f.mem_delta_bytes = act;
         t.b = t.f;
+        // Recomputed in the backward: the whole forward (full) or its core attention
+        // (selective).
         const int again = g.recompute == Recompute::kFull ? 1 : 0;
-        t.b.flops = (2 + again) * flops, t.b.model_flops = 2 * flops,
-        t.b.attn_flops = (2 + again) * attn;
+        const double attn_again = g.recompute == Recompute::kSelective ? attn : 0;
+        t.b.flops = (2 + again) * flops + attn_again, t.b.model_flops = 2 * flops,
+        t.b.attn_flops = (2 + again) * attn + attn_again;
         t.b.hbm_bytes = 2 * t.f.hbm_bytes;
         const double store_hbm = tokens / gpus * g.layers * saved.quantise_hbm;
         t.f.hbm_bytes += store_hbm, t.b.hbm_bytes += store_hbm;  // FP8 storage: (de)quantise

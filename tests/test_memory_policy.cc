@@ -325,3 +325,43 @@ TEST_CASE("the encoder's fused attention keeps no P^2 scores without recompute")
           doctest::Approx(64.0 / 32768));
   }
 }
+
+TEST_CASE("encoder and generator backward recompute: selective runs the core attention again") {
+  // Backward FLOPs per task: none 2 F; selective 2 F + the core attention's forward (it
+  // keeps no attention output or log-sum-exp: the fused kernel runs again before its
+  // backward); full 3 F (the whole forward again). The same for the attention part.
+  auto work = [](const char* rc) {
+    const std::string r(rc);
+    Config c =
+        MultimodalConfig("nested", {"model.vision.recompute=" + r, "model.generator.layers=2",
+                                    "model.generator.hidden=512", "model.generator.mlp=2048",
+                                    "model.generator.heads=8", "model.generator.recompute=" + r,
+                                    "data.generate.height=256", "data.generate.width=256"});
+    auto batch = MakeStepBatch(c);
+    REQUIRE(batch.ok());
+    return BuildModalityWork(c, *batch, VisionPool{}, false);
+  };
+  const ModalityWork none = work("none"), sel = work("selective"), full = work("full");
+  REQUIRE(!none.vision.empty());
+  REQUIRE(!none.generator.empty());
+  auto check = [](const Work& f_none, const Work& b_none, const Work& f_sel, const Work& b_sel,
+                  const Work& f_full, const Work& b_full) {
+    REQUIRE(f_none.attn_flops > 0);
+    CHECK(f_sel.flops == doctest::Approx(f_none.flops));
+    CHECK(b_none.flops == doctest::Approx(2 * f_none.flops));
+    CHECK(b_sel.flops == doctest::Approx(2 * f_sel.flops + f_sel.attn_flops));
+    CHECK(b_sel.attn_flops == doctest::Approx(3 * f_sel.attn_flops));
+    CHECK(b_full.flops == doctest::Approx(3 * f_full.flops));
+    CHECK(b_full.attn_flops == doctest::Approx(3 * f_full.attn_flops));
+  };
+  for (size_t i = 0; i < none.vision.size(); ++i) {
+    CAPTURE(i);
+    check(none.vision[i].f, none.vision[i].b, sel.vision[i].f, sel.vision[i].b, full.vision[i].f,
+          full.vision[i].b);
+  }
+  for (size_t i = 0; i < none.generator.size(); ++i) {
+    CAPTURE(i);
+    check(none.generator[i].f, none.generator[i].b, sel.generator[i].f, sel.generator[i].b,
+          full.generator[i].f, full.generator[i].b);
+  }
+}
