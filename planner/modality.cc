@@ -63,6 +63,17 @@ double ShardSeconds(const Config& c, int64_t patches, int k) {
          attn / (s.bf16_flops * s.attention_efficiency) + ExposedGatherBytes(c, patches, k) / bw;
 }
 
+// The same shard's backward, as TaskFromLoad charges it: twice the forward, and the
+// forward again under full recompute or its core attention again under selective.
+double ShardBackwardSeconds(const Config& c, int64_t patches, int k) {
+  const Recompute rc = c.model.vision.recompute;
+  const double again = rc == Recompute::kSelective
+                           ? SplitAttnFlops(c, patches, k) /
+                                 (c.cluster.spec.bf16_flops * c.cluster.spec.attention_efficiency)
+                           : 0;
+  return (rc == Recompute::kFull ? 3 : 2) * ShardSeconds(c, patches, k) + again;
+}
+
 SavedBytes VisionSavedPerPatch(const Config& c) {
   const VisionConfig& v = c.model.vision;
   SavedBytes s = SavedPerToken(v.recompute, v.saved_activations, v.hidden, v.mlp, v.heads);
@@ -384,7 +395,6 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
         std::vector<double>(carry.begin() + s * per_stage, carry.begin() + (s + 1) * per_stage),
         levels);
   const VisionConfig& v = c.model.vision;
-  const double backward = v.recompute == Recompute::kFull ? 3 : 2;
   const int kmax = 1 << levels;
   // Where an item of split k would go: the block, how late, and the tie-break.
   struct Choice {
@@ -402,7 +412,7 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
     // end of the text); among blocks on time the least loaded, among blocks late by as
     // much the one whose text ends first (a text that runs late delays the others more).
     auto choose = [&](int k) {
-      const double f = ShardSeconds(c, P, k), b = backward * f;
+      const double f = ShardSeconds(c, P, k), b = ShardBackwardSeconds(c, P, k);
       Choice best;
       for (int s = 0; s < stages; ++s) {
         const int local = loads[s].Best(Level(k)), first = s * per_stage + local;
@@ -428,7 +438,7 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
     }
     it = Sized(c, P, it);
     it.first_gpu = best.first;
-    const double f = ShardSeconds(c, P, it.k), b = backward * f;
+    const double f = ShardSeconds(c, P, it.k), b = ShardBackwardSeconds(c, P, it.k);
     for_ranks(best.first, it.k, [&](int r) {
       cur->fwd[r] = tl.Advance(r, cur->fwd[r], f);
       cur->bwd[r] = tl.Advance(r, std::max(cur->bwd[r], tl.release[key]), b);

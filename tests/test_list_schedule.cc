@@ -388,6 +388,44 @@ TEST_CASE("list scheduler: rules without windows run only where their twin's win
   }
 }
 
+TEST_CASE("list scheduler: a backward window that makes a backward due counts as acting") {
+  // The same pipeline (r0 ends with B1 [7,9], B2 [10,12]; r1 with B1 [5,7], F2 [7,8],
+  // B2 [8,10]). Micro-batch 0's 1 s encoder backward on r1 is released when r0's B0 ends
+  // (6 s). Without a window it fills r1's idle [10, 11] (step 12 s); with a backward window
+  // of 1 it is due once r0 starts B1 (7 s) and runs [7, 8] before r1's F2, which delays r1
+  // and so r0's B2 (step 13 s). The rules without the window must run, and win.
+  ListInput in;
+  in.shape = PipelineShape{2, 1, 1, 3};
+  auto orders = TextSchedule(PipelineKind::k1F1B, 2, 1, 3);
+  REQUIRE(orders.ok());
+  in.orders = *orders;
+  in.f_s = {1, 1}, in.b_s = {2, 2}, in.next_p2p_s = {0, 0};
+  in.vf_s = {0}, in.vb_s = {1}, in.out_s = {0};
+  auto text = ScheduleText(in);
+  REQUIRE(text.ok());
+  ListRules windowed;
+  windowed.backward_window = 1;
+  const ListRules open;
+  const ModalityWork w = OneTask(0, 1);
+  auto with = ScheduleModality(in, w, {windowed}, *text);
+  auto without = ScheduleModality(in, w, {open}, *text);
+  auto both = ScheduleModality(in, w, {windowed, open}, *text);
+  REQUIRE(with.ok());
+  REQUIRE(without.ok());
+  REQUIRE(both.ok());
+  CHECK(with->makespan_s == doctest::Approx(13));
+  CHECK(with->vision[0].b_at == doctest::Approx(7));
+  CHECK(without->makespan_s == doctest::Approx(12));
+  CHECK(without->vision[0].b_at == doctest::Approx(10));
+  CHECK(both->makespan_s == without->makespan_s);
+  CHECK(both->passes == with->passes + without->passes);
+  // An alternative that repeats an earlier one does not run.
+  auto twice = ScheduleModality(in, w, {open, open}, *text);
+  REQUIRE(twice.ok());
+  CHECK(twice->passes == without->passes);
+  CHECK(twice->makespan_s == without->makespan_s);
+}
+
 TEST_CASE("decision queue: pops what a heap of (time, rank) pops, stale times skipped") {
   // The model: a binary heap of every push; a popped entry whose time is no longer its
   // rank's is stale and skipped. Times only grow per rank, with ties and repeated pushes.
