@@ -17,13 +17,15 @@ using namespace pipeplan::test;
 
 namespace {
 
-// pp = 2, 1F1B, m = 2, one replica; text F = 1 s, B = 2 s per stage, free transfers.
-// Text-only timeline (by hand): r0 F0 [0,1] F1 [1,2] B0 [4,6] B1 [7,9];
-//                               r1 F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7]. Step 9 s.
-ListInput TwoStages() {
+// pp = 2, 1F1B, m = 2 (or `m`), one replica; text F = 1 s, B = 2 s per stage, free
+// transfers. Text-only timeline (by hand): r0 F0 [0,1] F1 [1,2] B0 [4,6] B1 [7,9];
+//                                          r1 F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7]. Step 9 s.
+// With m = 3: r0 F0 [0,1] F1 [1,2] B0 [4,6] F2 [6,7] B1 [7,9] B2 [10,12];
+//             r1 F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7] F2 [7,8] B2 [8,10]. Step 12 s.
+ListInput TwoStages(int m = 2) {
   ListInput in;
-  in.shape = PipelineShape{2, 1, 1, 2};
-  auto orders = TextSchedule(PipelineKind::k1F1B, 2, 1, 2);
+  in.shape = PipelineShape{2, 1, 1, m};
+  auto orders = TextSchedule(PipelineKind::k1F1B, 2, 1, m);
   REQUIRE(orders.ok());
   in.orders = *orders;
   in.f_s = {1, 1};
@@ -348,16 +350,10 @@ TEST_CASE("text timeline: idle time before a moment and the moment enough idle t
 }
 
 TEST_CASE("list scheduler: rules without windows run only where their twin's window acted") {
-  // pp = 2, 1F1B, m = 3, text F = 1 s, B = 2 s: r0 F0 [0,1] F1 [1,2] B0 [4,6] F2 [6,7]
-  // B1 [7,9] B2 [10,12]; r1 F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7] F2 [7,8] B2 [8,10]. One
-  // 1 s forward on r1 for micro-batch `mb` fits r1's idle [0, 1]; with a window of 1 it
-  // may start only once r0 has started the text F of mb - 1 (at 0 s for mb 1, 1 s for 2).
-  ListInput in;
-  in.shape = PipelineShape{2, 1, 1, 3};
-  auto orders = TextSchedule(PipelineKind::k1F1B, 2, 1, 3);
-  REQUIRE(orders.ok());
-  in.orders = *orders;
-  in.f_s = {1, 1}, in.b_s = {2, 2}, in.next_p2p_s = {0, 0};
+  // TwoStages(3). One 1 s forward on r1 for micro-batch `mb` fits r1's idle [0, 1]; with a
+  // window of 1 it may start only once r0 has started the text F of mb - 1 (at 0 s for
+  // mb 1, 1 s for 2).
+  ListInput in = TwoStages(3);
   in.vf_s = {1}, in.vb_s = {0}, in.out_s = {0};
   auto text = ScheduleText(in);
   REQUIRE_MESSAGE(text.ok(), text.status().message());
@@ -389,17 +385,12 @@ TEST_CASE("list scheduler: rules without windows run only where their twin's win
 }
 
 TEST_CASE("list scheduler: a backward window that makes a backward due counts as acting") {
-  // The same pipeline (r0 ends with B1 [7,9], B2 [10,12]; r1 with B1 [5,7], F2 [7,8],
+  // TwoStages(3) (r0 ends with B1 [7,9], B2 [10,12]; r1 with B1 [5,7], F2 [7,8],
   // B2 [8,10]). Micro-batch 0's 1 s encoder backward on r1 is released when r0's B0 ends
   // (6 s). Without a window it fills r1's idle [10, 11] (step 12 s); with a backward window
   // of 1 it is due once r0 starts B1 (7 s) and runs [7, 8] before r1's F2, which delays r1
   // and so r0's B2 (step 13 s). The rules without the window must run, and win.
-  ListInput in;
-  in.shape = PipelineShape{2, 1, 1, 3};
-  auto orders = TextSchedule(PipelineKind::k1F1B, 2, 1, 3);
-  REQUIRE(orders.ok());
-  in.orders = *orders;
-  in.f_s = {1, 1}, in.b_s = {2, 2}, in.next_p2p_s = {0, 0};
+  ListInput in = TwoStages(3);
   in.vf_s = {0}, in.vb_s = {1}, in.out_s = {0};
   auto text = ScheduleText(in);
   REQUIRE(text.ok());
