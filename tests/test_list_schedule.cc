@@ -349,6 +349,27 @@ TEST_CASE("text timeline: idle time before a moment and the moment enough idle t
   CHECK(tl.TextEnd(0) == 6);
 }
 
+namespace {
+
+// The windowed rules alone, the same rules without windows alone, and both as alternatives.
+struct TwinRuns {
+  ListResult with, without, both;
+};
+TwinRuns RunTwins(const ListInput& in, const ModalityWork& w, const ListRules& windowed,
+                  const TextTimeline& text) {
+  ListRules open = windowed;
+  open.window = open.backward_window = 0;
+  auto with = ScheduleModality(in, w, {windowed}, text);
+  auto without = ScheduleModality(in, w, {open}, text);
+  auto both = ScheduleModality(in, w, {windowed, open}, text);
+  REQUIRE(with.ok());
+  REQUIRE(without.ok());
+  REQUIRE(both.ok());
+  return {*with, *without, *both};
+}
+
+}  // namespace
+
 TEST_CASE("list scheduler: rules without windows run only where their twin's window acted") {
   // TwoStages(3). One 1 s forward on r1 for micro-batch `mb` fits r1's idle [0, 1]; with a
   // window of 1 it may start only once r0 has started the text F of mb - 1 (at 0 s for
@@ -360,26 +381,19 @@ TEST_CASE("list scheduler: rules without windows run only where their twin's win
   CHECK(text->end == doctest::Approx(12));
   ListRules windowed;
   windowed.window = 1;
-  const ListRules open;
   for (int mb : {1, 2}) {
     CAPTURE(mb);
-    const ModalityWork w = OneTask(mb, 1);
-    auto with = ScheduleModality(in, w, {windowed}, *text);
-    auto without = ScheduleModality(in, w, {open}, *text);
-    auto both = ScheduleModality(in, w, {windowed, open}, *text);
-    REQUIRE(with.ok());
-    REQUIRE(without.ok());
-    REQUIRE(both.ok());
-    CHECK(without->makespan_s == doctest::Approx(12));
-    CHECK(without->vision[0].f_at == 0);
-    CHECK(both->makespan_s == without->makespan_s);
-    CHECK(both->vision[0].f_at == without->vision[0].f_at);
+    const auto [with, without, both] = RunTwins(in, OneTask(mb, 1), windowed, *text);
+    CHECK(without.makespan_s == doctest::Approx(12));
+    CHECK(without.vision[0].f_at == 0);
+    CHECK(both.makespan_s == without.makespan_s);
+    CHECK(both.vision[0].f_at == without.vision[0].f_at);
     if (mb == 1) {  // the window never held anything back: the twin does not run
-      CHECK(with->makespan_s == doctest::Approx(12));
-      CHECK(both->passes == with->passes);
+      CHECK(with.makespan_s == doctest::Approx(12));
+      CHECK(both.passes == with.passes);
     } else {  // it did (the forward waits past r1's gap): the twin runs and wins
-      CHECK(with->makespan_s > 12);
-      CHECK(both->passes == with->passes + without->passes);
+      CHECK(with.makespan_s > 12);
+      CHECK(both.passes == with.passes + without.passes);
     }
   }
 }
@@ -396,25 +410,20 @@ TEST_CASE("list scheduler: a backward window that makes a backward due counts as
   REQUIRE(text.ok());
   ListRules windowed;
   windowed.backward_window = 1;
-  const ListRules open;
   const ModalityWork w = OneTask(0, 1);
-  auto with = ScheduleModality(in, w, {windowed}, *text);
-  auto without = ScheduleModality(in, w, {open}, *text);
-  auto both = ScheduleModality(in, w, {windowed, open}, *text);
-  REQUIRE(with.ok());
-  REQUIRE(without.ok());
-  REQUIRE(both.ok());
-  CHECK(with->makespan_s == doctest::Approx(13));
-  CHECK(with->vision[0].b_at == doctest::Approx(7));
-  CHECK(without->makespan_s == doctest::Approx(12));
-  CHECK(without->vision[0].b_at == doctest::Approx(10));
-  CHECK(both->makespan_s == without->makespan_s);
-  CHECK(both->passes == with->passes + without->passes);
+  const auto [with, without, both] = RunTwins(in, w, windowed, *text);
+  CHECK(with.makespan_s == doctest::Approx(13));
+  CHECK(with.vision[0].b_at == doctest::Approx(7));
+  CHECK(without.makespan_s == doctest::Approx(12));
+  CHECK(without.vision[0].b_at == doctest::Approx(10));
+  CHECK(both.makespan_s == without.makespan_s);
+  CHECK(both.passes == with.passes + without.passes);
   // An alternative that repeats an earlier one does not run.
+  const ListRules open;
   auto twice = ScheduleModality(in, w, {open, open}, *text);
   REQUIRE(twice.ok());
-  CHECK(twice->passes == without->passes);
-  CHECK(twice->makespan_s == without->makespan_s);
+  CHECK(twice->passes == without.passes);
+  CHECK(twice->makespan_s == without.makespan_s);
 }
 
 TEST_CASE("decision queue: pops what a heap of (time, rank) pops, stale times skipped") {
