@@ -111,6 +111,12 @@ class Pass {
   int Steal(double t, double gap);
   // Phases (optimus): forwards fill gaps only before the rank's first text backward,
   // backwards only after its last text forward.
+  // Between the two ops of an overlapped pair (dualpipev's F and B run as one unit).
+  bool InsidePair(int r) const {
+    const auto& order = in_.orders[Stage(r)];
+    return pos_[r] > 0 && pos_[r] < static_cast<int>(order.size()) &&
+           order[pos_[r] - 1].overlap_next;
+  }
   bool ForwardPhase(int r) const { return !rules_.phases || pos_[r] <= first_b_[Stage(r)]; }
   bool BackwardPhase(int r) const { return !rules_.phases || pos_[r] > last_f_[Stage(r)]; }
   int Pieces(int task) const {
@@ -511,6 +517,15 @@ bool Pass::FollowDue(int r, bool now) {
 bool Pass::Decide(int r) {
   const double t = free_[r];
   if (posted_[r] != kNone) return true;  // waits in a gang; the gang's start pushes it
+  if (InsidePair(r)) {  // the pair's second op follows its first, nothing between them
+    const double ready = ReadyTime(r);
+    if (ready == kUnknown) {
+      Park(r);
+      return false;
+    }
+    RunText(r, std::max(t, ready));
+    return true;
+  }
   if (vision() && OwnFirst(r, t)) return true;
   if (FollowDue(r, false)) return true;
   const int n = static_cast<int>(in_.orders[Stage(r)].size());
@@ -745,7 +760,7 @@ Status Pass::Run() {
 // ready (it then no longer runs at its own place).
 bool Pass::PullWeight(int r, double t, double gap) {
   const auto& order = in_.orders[Stage(r)];
-  if (pos_[r] > 0 && order[pos_[r] - 1].overlap_next) return false;  // inside a pair
+  if (InsidePair(r)) return false;
   const auto& ws = w_pos_[Stage(r)];
   auto first = std::upper_bound(ws.begin(), ws.end(), pos_[r]);
   for (int seen = 0; first != ws.end() && seen < kScan; ++first) {

@@ -275,6 +275,25 @@ TEST_CASE("policies: nested is no slower than decoupled and optimus, bubble-fill
   }
 }
 
+TEST_CASE("list scheduler: nothing runs between the two ops of a dualpipev pair") {
+  // An overlapped F/B pair runs as one unit (its communication hidden under the other's
+  // kernels); encoder work placed between its ops would split it. Every policy keeps all
+  // of the schedule's pairs (decoupled runs the encoder outside the text).
+  auto pairs = [](const std::string& policy) {
+    const Table t = Plan(MultimodalConfig(
+        policy, {"schedule.pipeline=dualpipev", "parallelism.vp=2", "training.microbatches=16"}));
+    size_t n = 0;
+    for (OpId i = 0; i < t.size(); ++i) n += t.overlaps_next(i);
+    return n;
+  };
+  const size_t all = pairs("decoupled");
+  CHECK(all > 0);
+  for (const char* policy : {"nested", "bubble-fill", "optimus"}) {
+    CAPTURE(policy);
+    CHECK(pairs(policy) == all);
+  }
+}
+
 TEST_CASE("list-scheduled plans are the same on every run (alternatives run on threads)") {
   for (const char* policy : {"bubble-fill", "nested"}) {
     CAPTURE(policy);
