@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <limits>
+#include <map>
 #include <numeric>
 
 #include "planner/workload.h"
@@ -379,7 +380,9 @@ struct Cursors {
 // PlanVisionCp's items of round m, placed on the stage where they would be least late
 // (VisionPool::timeline). Stage s owns GPUs [s * per_stage, (s + 1) * per_stage) of the
 // global order, G = `gpus` per rank; a gang's sub-group stays in one stage. A rank runs
-// its whole images one after another over its G GPUs; a gang shard holds its rank.
+// one task per replica, its whole images side by side on the G GPUs, and its tasks (and
+// gang shards) one after another: an image joins its replica's task on a rank where it
+// adds no time, else it holds a rank of its own (its load on each of the rank's GPUs).
 CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
                        const std::vector<int>& source, int m, int per_stage, int gpus,
                        const TextTimeline& tl, const std::function<int(int)>& rank_of,
@@ -401,9 +404,33 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
     int first = -1;
     double late = 0, tie = 0;
   };
+  // Per source replica, the ranks that run a task of its images this round: first GPU
+  // and each GPU's seconds of that task. The task's time is its busiest GPU's, so an
+  // image that fits beside it on idle GPUs rides along at no cost in time.
+  std::map<int, std::vector<std::pair<int, std::vector<double>>>> tasks;
+  auto ride = [&](const CpItem& it, double f) {
+    for (auto& [first, secs] : tasks[source[it.image]]) {
+      const double most = *std::max_element(secs.begin(), secs.end());
+      for (int b = 0; b + it.k <= gpus; b += it.k) {
+        const auto from = secs.begin() + b;
+        if (*std::max_element(from, from + it.k) + f > most) continue;
+        for (auto x = from; x != from + it.k; ++x) *x += f;
+        return first + b;
+      }
+    }
+    return -1;
+  };
   for (CpItem& it : plan.items) {
     const int64_t P = patches[it.image];
     const size_t key = static_cast<size_t>(source[it.image]) * c.training.microbatches + m;
+    if (it.k < gpus) {
+      const int gpu = ride(it, ShardSeconds(c, P, it.k));
+      if (gpu >= 0) {
+        it.first_gpu = gpu;
+        Charge(it, &plan);
+        continue;
+      }
+    }
     // Ranks of a block of k GPUs: its first GPU's rank, and one per G GPUs of a gang.
     auto for_ranks = [&](int first, int k, auto&& fn) {
       for (int g = first; g < first + std::max(k, gpus); g += gpus) fn(rank_of(g));
@@ -443,8 +470,17 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
       cur->fwd[r] = tl.Advance(r, cur->fwd[r], f);
       cur->bwd[r] = tl.Advance(r, std::max(cur->bwd[r], tl.release[key]), b);
     });
-    for (int g = best.first; g < best.first + it.k; ++g)
+    // A task holds its whole rank while it runs (the rank's other images of another
+    // replica wait for it), so the load of an item narrower than a rank goes on each of
+    // the rank's GPUs.
+    const int from = best.first / gpus * gpus;
+    for (int g = from; g < from + std::max(it.k, gpus); ++g)
       loads[g / per_stage].Add(g % per_stage, it.flops_per_gpu);
+    if (it.k < gpus) {
+      std::vector<double> secs(gpus, 0.0);
+      for (int g = best.first; g < best.first + it.k; ++g) secs[g - from] = f;
+      tasks[source[it.image]].push_back({from, std::move(secs)});
+    }
     Charge(it, &plan);
   }
   ImageOrder(&plan.items);
