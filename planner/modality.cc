@@ -219,6 +219,41 @@ void ImageOrder(std::vector<CpItem>* items) {
                    [](const CpItem& a, const CpItem& b) { return a.image < b.image; });
 }
 
+// One round's tasks on ranks of G GPUs. A rank runs one task per replica, that replica's
+// whole images side by side on its GPUs (the task takes its busiest GPU's time), and its
+// tasks and gang shards one after another. An image narrower than a rank joins a task of
+// its replica where it adds no time; else it opens a task on a rank of its own, and the
+// rank's every GPU carries its load (the rank is busy with it).
+class RoundTasks {
+ public:
+  explicit RoundTasks(int gpus) : gpus_(gpus) {}
+  // First GPU of k (< G) GPUs of a task of `source` on which `load` per GPU adds no time,
+  // or -1.
+  int Join(int source, int k, double load) {
+    for (auto& [first, loads] : tasks_[source]) {
+      const double most = *std::max_element(loads.begin(), loads.end());
+      for (int b = 0; b + k <= gpus_; b += k) {
+        const auto from = loads.begin() + b;
+        if (*std::max_element(from, from + k) + load > most) continue;
+        for (auto x = from; x != from + k; ++x) *x += load;
+        return first + b;
+      }
+    }
+    return -1;
+  }
+  // A task of `source` on the rank of `first_gpu`, its first image on k GPUs from there.
+  void Open(int source, int first_gpu, int k, double load) {
+    const int rank_first = first_gpu / gpus_ * gpus_;
+    std::vector<double> loads(gpus_, 0.0);
+    for (int g = first_gpu; g < first_gpu + k; ++g) loads[g - rank_first] = load;
+    tasks_[source].push_back({rank_first, std::move(loads)});
+  }
+
+ private:
+  int gpus_;
+  std::map<int, std::vector<std::pair<int, std::vector<double>>>> tasks_;
+};
+
 }  // namespace
 
 CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gpus,
@@ -386,8 +421,8 @@ struct Cursors {
 CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
                        const std::vector<int>& source, int m, int per_stage, int gpus,
                        const TextTimeline& tl, const std::function<int(int)>& rank_of,
-                       const std::vector<double>& carry, double budget_s, Cursors* cur) {
-  const int world = static_cast<int>(carry.size()), stages = world / per_stage;
+                       std::vector<double>* carry, double budget_s, Cursors* cur) {
+  const int world = static_cast<int>(carry->size()), stages = world / per_stage;
   CpPlan plan = EmptyPlan(world);
   int levels = 0;
   plan.items = SplitItems(c, patches, world, budget_s, &levels);
@@ -395,8 +430,8 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
   std::vector<BlockLoads> loads;
   for (int s = 0; s < stages; ++s)
     loads.emplace_back(
-        std::vector<double>(carry.begin() + s * per_stage, carry.begin() + (s + 1) * per_stage),
-        levels);
+        std::vector<double>(carry->begin() + s * per_stage, carry->begin() + (s + 1) * per_stage),
+        std::max(levels, Level(gpus)));
   const VisionConfig& v = c.model.vision;
   const int kmax = 1 << levels;
   // Where an item of split k would go: the block, how late, and the tie-break.
@@ -404,32 +439,16 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
     int first = -1;
     double late = 0, tie = 0;
   };
-  // Per source replica, the ranks that run a task of its images this round: first GPU
-  // and each GPU's seconds of that task. The task's time is its busiest GPU's, so an
-  // image that fits beside it on idle GPUs rides along at no cost in time.
-  std::map<int, std::vector<std::pair<int, std::vector<double>>>> tasks;
-  auto ride = [&](const CpItem& it, double f) {
-    for (auto& [first, secs] : tasks[source[it.image]]) {
-      const double most = *std::max_element(secs.begin(), secs.end());
-      for (int b = 0; b + it.k <= gpus; b += it.k) {
-        const auto from = secs.begin() + b;
-        if (*std::max_element(from, from + it.k) + f > most) continue;
-        for (auto x = from; x != from + it.k; ++x) *x += f;
-        return first + b;
-      }
-    }
-    return -1;
-  };
+  RoundTasks tasks(gpus);
   for (CpItem& it : plan.items) {
     const int64_t P = patches[it.image];
     const size_t key = static_cast<size_t>(source[it.image]) * c.training.microbatches + m;
-    if (it.k < gpus) {
-      const int gpu = ride(it, ShardSeconds(c, P, it.k));
-      if (gpu >= 0) {
-        it.first_gpu = gpu;
-        Charge(it, &plan);
-        continue;
-      }
+    const int joined =
+        it.k < gpus ? tasks.Join(source[it.image], it.k, ShardSeconds(c, P, it.k)) : -1;
+    if (joined >= 0) {
+      it.first_gpu = joined;
+      Charge(it, &plan);
+      continue;
     }
     // Ranks of a block of k GPUs: its first GPU's rank, and one per G GPUs of a gang.
     auto for_ranks = [&](int first, int k, auto&& fn) {
@@ -442,7 +461,8 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
       const double f = ShardSeconds(c, P, k), b = ShardBackwardSeconds(c, P, k);
       Choice best;
       for (int s = 0; s < stages; ++s) {
-        const int local = loads[s].Best(Level(k)), first = s * per_stage + local;
+        const int local = loads[s].Best(Level(std::max(k, gpus))) / gpus * gpus;
+        const int first = s * per_stage + local;
         double late = 0;
         for_ranks(first, k, [&](int r) {
           late = std::max({late, tl.Advance(r, cur->fwd[r], f) - tl.due[key],
@@ -470,16 +490,42 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
       cur->fwd[r] = tl.Advance(r, cur->fwd[r], f);
       cur->bwd[r] = tl.Advance(r, std::max(cur->bwd[r], tl.release[key]), b);
     });
-    // A task holds its whole rank while it runs (the rank's other images of another
-    // replica wait for it), so the load of an item narrower than a rank goes on each of
-    // the rank's GPUs.
-    const int from = best.first / gpus * gpus;
-    for (int g = from; g < from + std::max(it.k, gpus); ++g)
+    for (int g = best.first; g < best.first + std::max(it.k, gpus); ++g) {
       loads[g / per_stage].Add(g % per_stage, it.flops_per_gpu);
-    if (it.k < gpus) {
-      std::vector<double> secs(gpus, 0.0);
-      for (int g = best.first; g < best.first + it.k; ++g) secs[g - from] = f;
-      tasks[source[it.image]].push_back({from, std::move(secs)});
+      (*carry)[g] += it.flops_per_gpu;
+    }
+    if (it.k < gpus) tasks.Open(source[it.image], best.first, it.k, ShardSeconds(c, P, it.k));
+    Charge(it, &plan);
+  }
+  ImageOrder(&plan.items);
+  return plan;
+}
+
+// PlanVisionCp's items of round m over every GPU of the job, in ranks of G = `gpus`
+// (RoundTasks): an image joins its replica's task where it adds no time, else it goes to
+// the least-loaded rank (a gang: the least-loaded aligned sub-group).
+CpPlan PlanVisionRanks(const Config& c, const std::vector<int64_t>& patches,
+                       const std::vector<int>& source, int gpus, std::vector<double>* carry,
+                       double budget_s) {
+  const int world = static_cast<int>(carry->size());
+  CpPlan plan = EmptyPlan(world);
+  int levels = 0;
+  plan.items = SplitItems(c, patches, world, budget_s, &levels);
+  LongestFirst(&plan.items);
+  BlockLoads loads(*carry, std::max(levels, Level(gpus)));
+  RoundTasks tasks(gpus);
+  for (CpItem& it : plan.items) {
+    const int src = source[it.image];
+    const double secs = ShardSeconds(c, patches[it.image], it.k);
+    it.first_gpu = it.k < gpus ? tasks.Join(src, it.k, secs) : -1;
+    if (it.first_gpu < 0) {
+      const int width = std::max(it.k, gpus);
+      it.first_gpu = loads.Best(Level(width)) / gpus * gpus;
+      for (int g = it.first_gpu; g < it.first_gpu + width; ++g) {
+        loads.Add(g, it.flops_per_gpu);
+        (*carry)[g] += it.flops_per_gpu;
+      }
+      if (it.k < gpus) tasks.Open(src, it.first_gpu, it.k, secs);
     }
     Charge(it, &plan);
   }
@@ -490,11 +536,12 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
 // The vision tasks of micro-batch m of every replica.
 // Consumer mode (inline): all images of (d, m) on the replica's first stage, its GPUs.
 // Pool mode: dynamic CP plans all images of round m over every GPU of the job (global
-// GPU order: a node is a contiguous block, so sub-groups stay inside nodes), starting
-// from each GPU's `base` load. Images on one rank become that rank's task (one per source
+// GPU order: a node is a contiguous block, so sub-groups stay inside nodes) in ranks of
+// G GPUs (RoundTasks). Images on one rank become that rank's task (one per source
 // replica); an image whose sub-group spans ranks becomes a gang, one shard per rank.
-// `carry`: vision FLOPs placed on each GPU in earlier rounds (pool mode), so that the
-// rounds balance in total and a tie does not send every round's largest image to one GPU.
+// `carry`: each GPU's encoder load from earlier rounds (pool mode; a task's load is on
+// every GPU of its rank), so that the rounds balance in total and a tie does not send
+// every round's largest image to one rank.
 void AddVisionTasks(const Config& c, const StepBatch& batch, int m, const VisionPool& pool,
                     bool recompute_outputs_only, std::vector<double>* carry, Cursors* cur,
                     std::vector<VisionTask>* out) {
@@ -528,9 +575,8 @@ void AddVisionTasks(const Config& c, const StepBatch& batch, int m, const Vision
   const bool timed = pool.timeline && TimedPlacementFits(c);
   if (timed && cur->fwd.empty()) cur->fwd.assign(world / G, 0.0), cur->bwd.assign(world / G, 0.0);
   CpPlan plan = timed ? PlanVisionTimed(c, patches, source, m, dp * G, G, *pool.timeline, rank_of,
-                                        *carry, budget, cur)
-                      : PlanVisionCp(c, patches, world, *carry, budget);
-  for (int g = 0; g < world; ++g) (*carry)[g] += plan.gpu_flops[g];
+                                        carry, budget, cur)
+                      : PlanVisionRanks(c, patches, source, G, carry, budget);
   std::map<std::pair<int, int>, std::vector<int64_t>> whole;  // (rank, source replica) -> images
   std::vector<const CpItem*> gangs;
   for (const CpItem& it : plan.items) {

@@ -123,7 +123,7 @@ struct VisionPool {
   // Set: each round's images go to the stage where they would be least late (their
   // forward before the consumer's text F, their backward after the gradient is released
   // and before the text ends, both in that stage's idle time), FLOPs balancing the
-  // GPUs of a stage and breaking ties; null: to the least-loaded GPUs of the job.
+  // ranks of a stage and breaking ties; null: to the least-loaded ranks of the job.
   const TextTimeline* timeline = nullptr;
 };
 // Whether timed placement applies: a gang's sub-group (up to cp_max_group GPUs) fits in

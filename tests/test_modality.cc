@@ -400,35 +400,39 @@ TEST_CASE("timed placement: an image that is late everywhere is split as far as 
   CHECK(shards(BuildModalityWork(c, *batch, pool, false)) == 2 * large);
 }
 
-TEST_CASE("timed placement: a rank's images of one replica run side by side, not in turn") {
-  // Ranks of 2 GPUs (tp 2), 2 replicas, only stage 3 idle: each round has 2 images per
-  // replica, kept whole (cp_max_group 1). A rank runs one task per replica, its images on
-  // its GPUs at once, and tasks of one round on one rank run one after another. So each
-  // replica's two images go to one rank, side by side, and the two replicas to different
-  // ranks: per round 2 tasks on 2 ranks. Placing by each GPU's load alone puts images of
-  // both replicas on one rank's two GPUs, whose tasks then run in turn.
+TEST_CASE("placement: a rank's images of one replica run side by side, not in turn") {
+  // Ranks of 2 GPUs (tp 2), 2 replicas: each round has 2 images per replica, kept whole
+  // (cp_max_group 1). A rank runs one task per replica, its images on its GPUs at once,
+  // and tasks of one round on one rank run one after another. So each replica's two
+  // images go to one rank, side by side, and the two replicas to different ranks: per
+  // round 2 tasks on 2 ranks. Placing by each GPU's load alone puts images of both
+  // replicas on one rank's two GPUs, whose tasks then run in turn. Both placements: by
+  // load over the job, and timed with only stage 3 idle.
   Config c = MultimodalConfig(
       "bubble-fill", {"cluster.nodes=2", "parallelism.tp=2", "model.vision.cp_max_group=1"});
   REQUIRE(c.parallel.dp == 2);
   auto batch = MakeStepBatch(c);
   REQUIRE_MESSAGE(batch.ok(), batch.status().message());
   const TextTimeline tl = IdleStages(c, {0, 1, 2}, 1000);
-  VisionPool pool;
-  pool.timeline = &tl;
-  ModalityWork w = BuildModalityWork(c, *batch, pool, false);
-  for (int m = 0; m < c.training.microbatches; ++m) {
-    std::set<int> ranks, replicas;
-    int tasks = 0;
-    for (const VisionTask& t : w.vision) {
-      if (t.mb != m) continue;
-      ++tasks;
-      ranks.insert(t.rank), replicas.insert(t.d);
-      CHECK(t.rank % 4 == 3);
+  for (const bool timed : {false, true}) {
+    CAPTURE(timed);
+    VisionPool pool;
+    if (timed) pool.timeline = &tl;
+    ModalityWork w = BuildModalityWork(c, *batch, pool, false);
+    for (int m = 0; m < c.training.microbatches; ++m) {
+      std::set<int> ranks, replicas;
+      int tasks = 0;
+      for (const VisionTask& t : w.vision) {
+        if (t.mb != m) continue;
+        ++tasks;
+        ranks.insert(t.rank), replicas.insert(t.d);
+        if (timed) CHECK(t.rank % 4 == 3);
+      }
+      CAPTURE(m);
+      CHECK(tasks == 2);
+      CHECK(ranks.size() == 2);
+      CHECK(replicas.size() == 2);
     }
-    CAPTURE(m);
-    CHECK(tasks == 2);
-    CHECK(ranks.size() == 2);
-    CHECK(replicas.size() == 2);
   }
 }
 
