@@ -254,6 +254,34 @@ class RoundTasks {
   std::map<int, std::vector<std::pair<int, std::vector<double>>>> tasks_;
 };
 
+// Encoder load per GPU of ranks of G GPUs, where a rank runs its tasks in turn: a task's
+// load is on every GPU of its rank, a gang shard's on its rank's. Finds the least-loaded
+// rank for an item of k <= G GPUs, and the least-loaded aligned sub-group for a gang.
+class RankLoads {
+ public:
+  RankLoads(const std::vector<double>& gpu_loads, int gpus, int levels)
+      : gpus_(gpus), gpu_(gpu_loads, levels), rank_(RankMax(gpu_loads, gpus), 0) {}
+  // First GPU of the block an item of k GPUs goes to.
+  int Best(int k) const { return k <= gpus_ ? rank_.Best(0) * gpus_ : gpu_.Best(Level(k)); }
+  double Load(int first_gpu) const { return rank_.Load(first_gpu / gpus_); }
+  // An item of k GPUs from `first_gpu` holds max(k, G) GPUs: `load` on each.
+  void Add(int first_gpu, int k, double load) {
+    const int width = std::max(k, gpus_);
+    for (int g = first_gpu; g < first_gpu + width; ++g) gpu_.Add(g, load);
+    for (int r = first_gpu / gpus_; r * gpus_ < first_gpu + width; ++r) rank_.Add(r, load);
+  }
+
+ private:
+  static std::vector<double> RankMax(const std::vector<double>& gpu_loads, int gpus) {
+    std::vector<double> out(gpu_loads.size() / gpus, 0.0);
+    for (size_t g = 0; g < out.size() * gpus; ++g)
+      out[g / gpus] = std::max(out[g / gpus], gpu_loads[g]);
+    return out;
+  }
+  int gpus_;
+  BlockLoads gpu_, rank_;
+};
+
 }  // namespace
 
 CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gpus,
@@ -427,11 +455,11 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
   int levels = 0;
   plan.items = SplitItems(c, patches, world, budget_s, &levels);
   LongestFirst(&plan.items);
-  std::vector<BlockLoads> loads;
+  std::vector<RankLoads> loads;
   for (int s = 0; s < stages; ++s)
     loads.emplace_back(
         std::vector<double>(carry->begin() + s * per_stage, carry->begin() + (s + 1) * per_stage),
-        std::max(levels, Level(gpus)));
+        gpus, levels);
   const VisionConfig& v = c.model.vision;
   const int kmax = 1 << levels;
   // Where an item of split k would go: the block, how late, and the tie-break.
@@ -461,7 +489,7 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
       const double f = ShardSeconds(c, P, k), b = ShardBackwardSeconds(c, P, k);
       Choice best;
       for (int s = 0; s < stages; ++s) {
-        const int local = loads[s].Best(Level(std::max(k, gpus))) / gpus * gpus;
+        const int local = loads[s].Best(k);
         const int first = s * per_stage + local;
         double late = 0;
         for_ranks(first, k, [&](int r) {
@@ -490,10 +518,9 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
       cur->fwd[r] = tl.Advance(r, cur->fwd[r], f);
       cur->bwd[r] = tl.Advance(r, std::max(cur->bwd[r], tl.release[key]), b);
     });
-    for (int g = best.first; g < best.first + std::max(it.k, gpus); ++g) {
-      loads[g / per_stage].Add(g % per_stage, it.flops_per_gpu);
+    loads[best.first / per_stage].Add(best.first % per_stage, it.k, it.flops_per_gpu);
+    for (int g = best.first; g < best.first + std::max(it.k, gpus); ++g)
       (*carry)[g] += it.flops_per_gpu;
-    }
     if (it.k < gpus) tasks.Open(source[it.image], best.first, it.k, ShardSeconds(c, P, it.k));
     Charge(it, &plan);
   }
@@ -512,19 +539,17 @@ CpPlan PlanVisionRanks(const Config& c, const std::vector<int64_t>& patches,
   int levels = 0;
   plan.items = SplitItems(c, patches, world, budget_s, &levels);
   LongestFirst(&plan.items);
-  BlockLoads loads(*carry, std::max(levels, Level(gpus)));
+  RankLoads loads(*carry, gpus, levels);
   RoundTasks tasks(gpus);
   for (CpItem& it : plan.items) {
     const int src = source[it.image];
     const double secs = ShardSeconds(c, patches[it.image], it.k);
     it.first_gpu = it.k < gpus ? tasks.Join(src, it.k, secs) : -1;
     if (it.first_gpu < 0) {
-      const int width = std::max(it.k, gpus);
-      it.first_gpu = loads.Best(Level(width)) / gpus * gpus;
-      for (int g = it.first_gpu; g < it.first_gpu + width; ++g) {
-        loads.Add(g, it.flops_per_gpu);
+      it.first_gpu = loads.Best(it.k);
+      loads.Add(it.first_gpu, it.k, it.flops_per_gpu);
+      for (int g = it.first_gpu; g < it.first_gpu + std::max(it.k, gpus); ++g)
         (*carry)[g] += it.flops_per_gpu;
-      }
       if (it.k < gpus) tasks.Open(src, it.first_gpu, it.k, secs);
     }
     Charge(it, &plan);
