@@ -110,10 +110,12 @@ int InFlight(const StageOrder& first_stage) {
 // Nested: a forward runs at most `window` rounds ahead of its consumer, a backward is due
 // once the consumer's text backward is `window` micro-batches further, and each rank holds
 // at most a budget of encoder activations: `schedule.modality_budget_gib`, else the mean
-// encoder bytes per GPU and round times (the first stage's micro-batches in flight + pp)
-// plus the largest task's: an output lives while its micro-batch is in flight, and up to
-// pp rounds more for the encoder's own forward and backward (for 1F1B, 2 pp rounds; the
-// same for any micro-batch count, so the peak stays flat).
+// encoder bytes per GPU and round times (the first stage's micro-batches in flight +
+// window) plus the largest task's: a task's activations live from its forward, up to
+// `window` rounds before its consumer's text forward, to its backward after the
+// consumer's text backward, which comes when the micro-batch leaves the first stage (for
+// 1F1B and the default window, 3 pp rounds; the same for any micro-batch count, so the
+// peak stays flat).
 // Bubble-fill: every gap, whole-image forwards move to ranks in a gap. Optimus: forwards
 // only until a rank's first text backward, backwards only after its last text forward
 // (Optimus's encoder state of every micro-batch is kept).
@@ -127,7 +129,7 @@ ListRules RulesOf(const Config& c, ModalityPolicy policy, const ListInput& in) {
       double total = 0, largest = 0;
       for (double x : in.bytes) total += x, largest = std::max(largest, x);
       const double rounds = double(in.shape.m) * in.shape.dp * in.shape.pp;  // per GPU
-      r.memory_budget_bytes = (InFlight(in.orders[0]) + in.shape.pp) * total / rounds + largest;
+      r.memory_budget_bytes = (InFlight(in.orders[0]) + r.window) * total / rounds + largest;
     }
   }
   r.steal = r.fill_gangs = policy == ModalityPolicy::kBubbleFill;
