@@ -105,6 +105,10 @@ class Pass {
   double RunBackward(int task, double start);
   // `urgent`: a forward due or a backward overdue, or the fallback when every rank waits.
   bool TryGang(int r, int gang, bool urgent);
+  // Whether r's next text op, ready at t, ends before gang g could start (its other
+  // members are busy until then): running the text first costs the gang nothing.
+  // `initiate`: r would start the gang (else it follows it).
+  bool TextFirst(int r, int g, double t, bool initiate) const;
   void Post(int r, int gang);
   int PickForward(int r, double t, double gap, bool any_window = false);
   int PickBackward(int r, double t, double gap);
@@ -423,6 +427,24 @@ bool Pass::TryGang(int r, int g, bool urgent) {
   return true;
 }
 
+bool Pass::TextFirst(int r, int g, double t, bool initiate) const {
+  const int n = static_cast<int>(in_.orders[Stage(r)].size());
+  if (pos_[r] >= n || InsidePair(r)) return false;
+  const double ready = ReadyTime(r);
+  if (ready == kUnknown || ready > t) return false;
+  const Gang& gang = gangs_[g];
+  double start = gang.posted > 0 ? gang.ready : 0;  // the gang starts no earlier
+  for (int task : gang.tasks) {
+    const int q = jobs_[task].rank;
+    if (q == r || posted_[q] == g) continue;
+    // Initiated later, the gang would have its followers post one text op later: only
+    // those already past r's position are not held back by that.
+    if (initiate && pos_[q] <= pos_[r]) return false;
+    start = std::max(start, free_[q]);
+  }
+  return t + Duration(r, pos_[r]) <= start;
+}
+
 // The last stage's text forward of `mb` ended: the generator gang of (its replica, mb)
 // starts once every rank of the replica has posted it (its input sent to each).
 void Pass::ReleaseGenerator(int r, int mb) {
@@ -507,6 +529,7 @@ bool Pass::FollowDue(int r, bool now) {
   });
   if (!now && it->second > pos_[r]) return false;
   const int g = it->first;
+  if (!now && TextFirst(r, g, free_[r], false)) return false;
   follow_[r].erase(it);
   if (follow_[r].empty()) followers_.erase(r);
   Post(r, g);
@@ -534,7 +557,10 @@ bool Pass::Decide(int r) {
   // A forward that must start now to meet its deadline.
   auto run = [&](int task, bool backward, bool urgent) {
     const int g = jobs_[task].gang;
-    if (g != kNone) return TryGang(r, backward ? g + 1 : g, urgent);
+    if (g != kNone) {
+      const int gang = backward ? g + 1 : g;
+      return !TextFirst(r, gang, t, true) && TryGang(r, gang, urgent);
+    }
     free_[r] = t + (backward ? RunBackward(task, t) : RunForward(task, r, t));
     Push(r);
     return true;

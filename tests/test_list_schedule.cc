@@ -475,3 +475,43 @@ TEST_CASE("decision queue: pops what a heap of (time, rank) pops, stale times sk
     }
   }
 }
+
+TEST_CASE("list scheduler: a rank runs its ready text before a gang its partner cannot join yet") {
+  // dp = 2, pp = 1 (r0, r1 each F0 B0 F1 B1; F = 1 s, B = 2 s). r0 holds a 2 s forward of
+  // its micro-batch 0, r1 a 2.5 s forward of its micro-batch 1 (due at 3, latest start
+  // 0.5); a 1 s gang over r0 and r1 serves micro-batch 1 of replica 0 (due at 3, latest
+  // start 2). By hand: r0 runs its forward [0, 2]; r1 runs F0 [0, 1], then its forward
+  // [1, 3.5]. At 2 the gang is due on r0 and r0's F0 is ready, but r1, past that text
+  // position, is busy until 3.5: r0 runs F0 [2, 3] first and starts the gang at 3; r1
+  // joins at 3.5: gang [3.5, 4.5]; then both B0 [4.5, 6.5], F1 [6.5, 7.5], B1 [7.5, 9.5].
+  // Starting the gang at 2 would leave r0 idle until 3.5 and push its text 1 s later
+  // (F0 [4.5, 5.5] ... B1 [8.5, 10.5]).
+  ListInput in;
+  in.shape = PipelineShape{1, 1, 2, 2};
+  auto orders = TextSchedule(PipelineKind::k1F1B, 1, 1, 2);
+  REQUIRE(orders.ok());
+  in.orders = *orders;
+  in.f_s = {1}, in.b_s = {2}, in.next_p2p_s = {0, 0};
+  ModalityWork w;
+  for (int d = 0; d < 2; ++d) {
+    VisionTask own;
+    own.d = d, own.mb = d, own.rank = d, own.task = d;
+    w.vision.push_back(own);
+  }
+  for (int shard = 0; shard < 2; ++shard) {
+    VisionTask t;
+    t.d = 0, t.mb = 1, t.task = 2, t.rank = shard, t.shard = shard, t.gang_ranks = {0, 1};
+    w.vision.push_back(t);
+  }
+  in.vf_s = {2, 2.5, 1, 1}, in.vb_s = {0, 0, 0, 0}, in.out_s = {0, 0, 0, 0};
+  ListRules rules;
+  rules.passes = 1;  // deadlines from the text-only step, as above
+  auto r = ScheduleModality(in, w, rules);
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  REQUIRE(r->vision.size() == 4);
+  CHECK(r->vision[0].f_at == doctest::Approx(0));
+  CHECK(r->vision[1].f_at == doctest::Approx(1));
+  CHECK(r->vision[2].f_at == doctest::Approx(3.5));
+  CHECK(r->vision[3].f_at == doctest::Approx(3.5));
+  CHECK(r->makespan_s == doctest::Approx(9.5));
+}
