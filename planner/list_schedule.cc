@@ -106,8 +106,9 @@ class Pass {
   // `urgent`: a forward due or a backward overdue, or the fallback when every rank waits.
   bool TryGang(int r, int gang, bool urgent);
   // Whether r's next text op, ready at t, ends before gang g could start (its other
-  // members are busy until then): running the text first costs the gang nothing.
-  // `initiate`: r would start the gang (else it follows it).
+  // members are busy until then): running the text first costs the gang nothing, so r
+  // leaves the gang for later and decides as if it were not there. `initiate`: r would
+  // start the gang (else it follows it).
   bool TextFirst(int r, int g, double t, bool initiate) const;
   void Post(int r, int gang);
   int PickForward(int r, double t, double gap, bool any_window = false);
@@ -428,21 +429,25 @@ bool Pass::TryGang(int r, int g, bool urgent) {
 }
 
 bool Pass::TextFirst(int r, int g, double t, bool initiate) const {
-  const int n = static_cast<int>(in_.orders[Stage(r)].size());
-  if (pos_[r] >= n || InsidePair(r)) return false;
+  const auto& order = in_.orders[Stage(r)];
+  const int n = static_cast<int>(order.size()), p = pos_[r];
+  // Not the first op of an overlapped pair (the second would follow it at once).
+  if (p >= n || InsidePair(r) || order[p].overlap_next) return false;
   const double ready = ReadyTime(r);
   if (ready == kUnknown || ready > t) return false;
+  int next = p + 1;  // r's position after the op (W passes run earlier skipped)
+  while (next < n && pulled_[r][next]) ++next;
   const Gang& gang = gangs_[g];
   double start = gang.posted > 0 ? gang.ready : 0;  // the gang starts no earlier
   for (int task : gang.tasks) {
     const int q = jobs_[task].rank;
     if (q == r || posted_[q] == g) continue;
-    // Initiated later, the gang would have its followers post one text op later: only
-    // those already past r's position are not held back by that.
-    if (initiate && pos_[q] <= pos_[r]) return false;
+    // Initiated after the op, the gang has its followers post at r's next position: only
+    // those already there are not held back by that.
+    if (initiate && pos_[q] < next) return false;
     start = std::max(start, free_[q]);
   }
-  return t + Duration(r, pos_[r]) <= start;
+  return t + Duration(r, p) <= start;
 }
 
 // The last stage's text forward of `mb` ended: the generator gang of (its replica, mb)
@@ -520,8 +525,9 @@ bool Pass::OwnFirst(int r, double t) {
 }
 
 // Posts the earliest-initiated gang r follows, when r has reached its position (or
-// always, with `now`). Gangs are posted in initiation order on every rank, so no two
-// ranks wait for each other.
+// always, with `now`); without `now`, not while TextFirst holds (r then decides as if it
+// followed no gang). Gangs are posted in initiation order on every rank, so no two ranks
+// wait for each other.
 bool Pass::FollowDue(int r, bool now) {
   if (follow_[r].empty()) return false;
   auto it = std::min_element(follow_[r].begin(), follow_[r].end(), [&](auto& a, auto& b) {

@@ -34,9 +34,10 @@
 //   follow when they reach that text position;
 // - own first: before a rank posts a forward gang it follows, it runs a piece of a forward
 //   of its own that is due earlier;
-// - text first: a rank whose next text op is ready runs it before a gang it would start or
-//   follow if the gang's other ranks are busy until that op ends (and, to start one, are
-//   past that text position, so that they follow it one op later at no cost);
+// - text first: a rank whose next text op is ready leaves a gang it would start or follow
+//   for later (and decides as if it were not there) if the gang's other ranks are busy
+//   until that op ends (and, to start one, are already at the rank's next text position,
+//   so that they follow it one op later at no cost);
 // - weight gradients (split backward): a rank in a gap that no encoder work fills runs a
 //   later W of its order whose I has run, if it ends before the next text op is ready;
 // - a generator split over its replica's ranks is a gang released by the last stage's text

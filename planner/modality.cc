@@ -155,9 +155,11 @@ CpItem Sized(const Config& c, int64_t patches, CpItem it) {
 }
 
 // Split factor (PlanVisionCp's rule) and per-GPU load of each image, in image order;
-// `levels`: log2 of the largest sub-group.
+// `levels`: log2 of the largest sub-group. With ranks of `rank_gpus` GPUs that are not a
+// power of two, no image is split over more GPUs than a rank has (a gang's sub-group
+// would not fall on whole ranks).
 std::vector<CpItem> SplitItems(const Config& c, const std::vector<int64_t>& patches, int gpus,
-                               double budget_s, int* levels) {
+                               double budget_s, int* levels, int rank_gpus = 1) {
   const VisionConfig& v = c.model.vision;
   // Target time per GPU: the images' per-GPU share (K3's sizing rule), or the latency
   // budget if larger. A large image is split over the fewest GPUs whose shard time
@@ -168,7 +170,9 @@ std::vector<CpItem> SplitItems(const Config& c, const std::vector<int64_t>& patc
   const double target = std::max(total / gpus, budget_s);
   int kmax = 1;
   *levels = 0;
-  while (kmax * 2 <= std::min(v.cp_max_group, gpus)) kmax *= 2, ++*levels;
+  int most = std::min(v.cp_max_group, gpus);
+  if ((rank_gpus & (rank_gpus - 1)) != 0) most = std::min(most, rank_gpus);
+  while (kmax * 2 <= most) kmax *= 2, ++*levels;
   std::vector<CpItem> items;
   for (size_t i = 0; i < patches.size(); ++i) {
     CpItem it;
@@ -257,28 +261,42 @@ class RoundTasks {
 // Encoder load per GPU of ranks of G GPUs, where a rank runs its tasks in turn: a task's
 // load is on every GPU of its rank, a gang shard's on its rank's. Finds the least-loaded
 // rank for an item of k <= G GPUs, and the least-loaded aligned sub-group for a gang.
+// Covers GPUs [from, from + count) of `carry` (each GPU's load so far), which Add updates.
 class RankLoads {
  public:
-  RankLoads(const std::vector<double>& gpu_loads, int gpus, int levels)
-      : gpus_(gpus), gpu_(gpu_loads, levels), rank_(RankMax(gpu_loads, gpus), 0) {}
-  // First GPU of the block an item of k GPUs goes to.
+  RankLoads(std::vector<double>* carry, int from, int count, int gpus, int levels)
+      : gpus_(gpus),
+        from_(from),
+        carry_(carry),
+        gpu_({carry->begin() + from, carry->begin() + from + count}, levels),
+        rank_(RankMax(carry, from, count, gpus), 0) {}
+  // First GPU (from `from`) of the block an item of k GPUs goes to.
   int Best(int k) const { return k <= gpus_ ? rank_.Best(0) * gpus_ : gpu_.Best(Level(k)); }
-  double Load(int first_gpu) const { return rank_.Load(first_gpu / gpus_); }
+  // Load of the most loaded rank of an item of k GPUs from `first_gpu`.
+  double Load(int first_gpu, int k) const {
+    double most = 0;
+    for (int r = first_gpu / gpus_; r * gpus_ < first_gpu + std::max(k, gpus_); ++r)
+      most = std::max(most, rank_.Load(r));
+    return most;
+  }
   // An item of k GPUs from `first_gpu` holds max(k, G) GPUs: `load` on each.
   void Add(int first_gpu, int k, double load) {
     const int width = std::max(k, gpus_);
-    for (int g = first_gpu; g < first_gpu + width; ++g) gpu_.Add(g, load);
+    for (int g = first_gpu; g < first_gpu + width; ++g)
+      gpu_.Add(g, load), (*carry_)[from_ + g] += load;
     for (int r = first_gpu / gpus_; r * gpus_ < first_gpu + width; ++r) rank_.Add(r, load);
   }
 
  private:
-  static std::vector<double> RankMax(const std::vector<double>& gpu_loads, int gpus) {
-    std::vector<double> out(gpu_loads.size() / gpus, 0.0);
-    for (size_t g = 0; g < out.size() * gpus; ++g)
-      out[g / gpus] = std::max(out[g / gpus], gpu_loads[g]);
+  static std::vector<double> RankMax(const std::vector<double>* carry, int from, int count,
+                                     int gpus) {
+    std::vector<double> out(count / gpus, 0.0);
+    for (int g = 0; g < count / gpus * gpus; ++g)
+      out[g / gpus] = std::max(out[g / gpus], (*carry)[from + g]);
     return out;
   }
-  int gpus_;
+  int gpus_, from_;
+  std::vector<double>* carry_;
   BlockLoads gpu_, rank_;
 };
 
@@ -453,13 +471,11 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
   const int world = static_cast<int>(carry->size()), stages = world / per_stage;
   CpPlan plan = EmptyPlan(world);
   int levels = 0;
-  plan.items = SplitItems(c, patches, world, budget_s, &levels);
+  plan.items = SplitItems(c, patches, world, budget_s, &levels, gpus);
   LongestFirst(&plan.items);
   std::vector<RankLoads> loads;
   for (int s = 0; s < stages; ++s)
-    loads.emplace_back(
-        std::vector<double>(carry->begin() + s * per_stage, carry->begin() + (s + 1) * per_stage),
-        gpus, levels);
+    loads.emplace_back(carry, s * per_stage, per_stage, gpus, levels);
   const VisionConfig& v = c.model.vision;
   const int kmax = 1 << levels;
   // Where an item of split k would go: the block, how late, and the tie-break.
@@ -496,7 +512,7 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
           late = std::max({late, tl.Advance(r, cur->fwd[r], f) - tl.due[key],
                            tl.Advance(r, std::max(cur->bwd[r], tl.release[key]), b) - tl.end});
         });
-        const double tie = late > 0 ? tl.TextEnd(rank_of(first)) : loads[s].Load(local);
+        const double tie = late > 0 ? tl.TextEnd(rank_of(first)) : loads[s].Load(local, k);
         if (best.first < 0 || late < best.late || (late == best.late && tie < best.tie))
           best = {first, late, tie};
       }
@@ -519,9 +535,7 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
       cur->bwd[r] = tl.Advance(r, std::max(cur->bwd[r], tl.release[key]), b);
     });
     loads[best.first / per_stage].Add(best.first % per_stage, it.k, it.flops_per_gpu);
-    for (int g = best.first; g < best.first + std::max(it.k, gpus); ++g)
-      (*carry)[g] += it.flops_per_gpu;
-    if (it.k < gpus) tasks.Open(source[it.image], best.first, it.k, ShardSeconds(c, P, it.k));
+    if (it.k < gpus) tasks.Open(source[it.image], best.first, it.k, f);
     Charge(it, &plan);
   }
   ImageOrder(&plan.items);
@@ -537,9 +551,9 @@ CpPlan PlanVisionRanks(const Config& c, const std::vector<int64_t>& patches,
   const int world = static_cast<int>(carry->size());
   CpPlan plan = EmptyPlan(world);
   int levels = 0;
-  plan.items = SplitItems(c, patches, world, budget_s, &levels);
+  plan.items = SplitItems(c, patches, world, budget_s, &levels, gpus);
   LongestFirst(&plan.items);
-  RankLoads loads(*carry, gpus, levels);
+  RankLoads loads(carry, 0, world, gpus, levels);
   RoundTasks tasks(gpus);
   for (CpItem& it : plan.items) {
     const int src = source[it.image];
@@ -548,8 +562,6 @@ CpPlan PlanVisionRanks(const Config& c, const std::vector<int64_t>& patches,
     if (it.first_gpu < 0) {
       it.first_gpu = loads.Best(it.k);
       loads.Add(it.first_gpu, it.k, it.flops_per_gpu);
-      for (int g = it.first_gpu; g < it.first_gpu + std::max(it.k, gpus); ++g)
-        (*carry)[g] += it.flops_per_gpu;
       if (it.k < gpus) tasks.Open(src, it.first_gpu, it.k, secs);
     }
     Charge(it, &plan);
@@ -659,7 +671,7 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
   Cursors cursors;
   VisionPool round_pool = pool;
   if (v.enabled && pool.latency_budget_s > 0 && !pool.consumer_only) {
-    // Balance: longest-first placement on the least-loaded GPU leaves the busiest GPU at
+    // Balance: longest-first placement on the least-loaded rank leaves the busiest rank at
     // most one item above the mean, so an image may stay whole only while its forward is
     // at most what a GPU's encoder forwards take in `window_rounds` rounds on average (the
     // same rule for any micro-batch count).

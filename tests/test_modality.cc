@@ -467,6 +467,14 @@ TEST_CASE("placement: a rank's images of one replica run side by side, not in tu
         }
     }
     CHECK(checked >= 4);  // not vacuous: rounds of a replica with 2 or 3 images
+    // With the images split where they may be (cp_max_group 8), no image is split over
+    // more GPUs than a rank has: a sub-group of 4 or 8 would not fall on whole ranks of 3
+    // (its shards, one per rank, would hold 4 or 8 GPUs' share on 3).
+    c.model.vision.cp_max_group = 8;
+    for (const bool timed : {false, true}) {
+      CAPTURE(timed);
+      for (const VisionTask& t : placed(c, *batch, timed).vision) CHECK(t.gang_ranks.empty());
+    }
   }
 }
 
