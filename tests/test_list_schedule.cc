@@ -34,6 +34,17 @@ ListInput TwoStages(int m = 2) {
   return in;
 }
 
+// dp = 2, pp = 1, 1F1B, m = 2: r0 and r1 each F0 B0 F1 B1; text F = 1 s, B = 2 s.
+ListInput TwoReplicas() {
+  ListInput in;
+  in.shape = PipelineShape{1, 1, 2, 2};
+  auto orders = TextSchedule(PipelineKind::k1F1B, 1, 1, 2);
+  REQUIRE(orders.ok());
+  in.orders = *orders;
+  in.f_s = {1}, in.b_s = {2}, in.next_p2p_s = {0, 0};
+  return in;
+}
+
 // One vision task of micro-batch `mb` on rank `rank` (consumer: r0).
 ModalityWork OneTask(int mb, int rank) {
   ModalityWork w;
@@ -110,12 +121,7 @@ TEST_CASE("list scheduler: a backward waits for its gradient, then fills the coo
 
 TEST_CASE("list scheduler: the shards of a gang start together") {
   // dp = 2, pp = 1: two replicas of one stage; one image split over both ranks.
-  ListInput in;
-  in.shape = PipelineShape{1, 1, 2, 2};
-  auto orders = TextSchedule(PipelineKind::k1F1B, 1, 1, 2);
-  REQUIRE(orders.ok());
-  in.orders = *orders;
-  in.f_s = {1}, in.b_s = {2}, in.next_p2p_s = {0, 0};
+  ListInput in = TwoReplicas();
   ModalityWork w;
   AddGang(&w, 1, 0);
   in.vf_s = {0.5, 0.5}, in.vb_s = {1, 1}, in.out_s = {0, 0};
@@ -486,12 +492,7 @@ TEST_CASE("list scheduler: a rank runs its ready text before a gang its partner 
   // joins at 3.5: gang [3.5, 4.5]; then both B0 [4.5, 6.5], F1 [6.5, 7.5], B1 [7.5, 9.5].
   // Starting the gang at 2 would leave r0 idle until 3.5 and push its text 1 s later
   // (F0 [4.5, 5.5] ... B1 [8.5, 10.5]).
-  ListInput in;
-  in.shape = PipelineShape{1, 1, 2, 2};
-  auto orders = TextSchedule(PipelineKind::k1F1B, 1, 1, 2);
-  REQUIRE(orders.ok());
-  in.orders = *orders;
-  in.f_s = {1}, in.b_s = {2}, in.next_p2p_s = {0, 0};
+  ListInput in = TwoReplicas();
   ModalityWork w;
   for (int d = 0; d < 2; ++d) {
     VisionTask own;
