@@ -114,14 +114,14 @@ class Pass {
   int PickForward(int r, double t, double gap, bool any_window = false);
   int PickBackward(int r, double t, double gap);
   int Steal(double t, double gap);
-  // Phases (optimus): forwards fill gaps only before the rank's first text backward,
-  // backwards only after its last text forward.
   // Between the two ops of an overlapped pair (dualpipev's F and B run as one unit).
   bool InsidePair(int r) const {
     const auto& order = in_.orders[Stage(r)];
     return pos_[r] > 0 && pos_[r] < static_cast<int>(order.size()) &&
            order[pos_[r] - 1].overlap_next;
   }
+  // Phases (optimus): forwards fill gaps only before the rank's first text backward,
+  // backwards only after its last text forward.
   bool ForwardPhase(int r) const { return !rules_.phases || pos_[r] <= first_b_[Stage(r)]; }
   bool BackwardPhase(int r) const { return !rules_.phases || pos_[r] > last_f_[Stage(r)]; }
   int Pieces(int task) const {
