@@ -62,8 +62,8 @@ Command MakePlanCommand() {
         if (Status s = WriteFileAtomic(o->output, *csv); !s.ok()) return Report(s);
         if (left_out > 0)
           fmt::print(stderr,
-                     "warning: {} vision and generator ops are not in {} (PyTorch's schedule "
-                     "has no action for them)\n",
+                     "warning: {} vision, generator and host copy ops are not in {} "
+                     "(PyTorch's schedule has no action for them)\n",
                      left_out, o->output);
       } else if (f == PlanFormat::kChakra) {
         std::string prefix = o->output;

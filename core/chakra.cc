@@ -38,15 +38,16 @@ pb::AttributeProto* Attr(pb::Node* n, const char* name) {
 void StreamDeps(const Table& t, OpId i, std::vector<OpId>* out) {
   out->clear();
   const OpId begin = t.rank_begin(t.rank(i));
-  if (IsCollective(t.kind(i))) {
+  const Stream s = StreamOf(t.kind(i));
+  if (s != Stream::kCompute) {  // the collective or a host copy stream: the op before on it
     for (OpId j = i; j > begin;)
-      if (IsCollective(t.kind(--j))) return out->push_back(j);
+      if (StreamOf(t.kind(--j)) == s) return out->push_back(j);
     return;
   }
-  // The compute stream: the op before i, skipping collectives.
+  // The compute stream: the op before i, skipping the other streams' ops.
   auto before = [&](OpId x) -> OpId {
     for (OpId j = x; j > begin;)
-      if (!IsCollective(t.kind(--j))) return j;
+      if (StreamOf(t.kind(--j)) == Stream::kCompute) return j;
     return UINT32_MAX;
   };
   OpId j = before(i);
@@ -137,6 +138,9 @@ StatusOr<size_t> WriteChakraTraces(const Table& t, const std::string& prefix,
         Attr(&n, "pg_name")->set_string_val(std::to_string(t.peer(i)));
         auto* list = Attr(&n, "pg_ranks")->mutable_int32_list();
         for (int32_t m : t.group(t.peer(i))) list->add_values(m);
+      } else if (IsCopy(k)) {  // saved activations to host memory and back
+        n.set_type(k == OpKind::kOffload ? pb::MEM_STORE_NODE : pb::MEM_LOAD_NODE);
+        Attr(&n, "tensor_size")->set_uint64_val(static_cast<uint64_t>(payload));
       } else {
         n.set_type(pb::COMP_NODE);
         Attr(&n, "num_ops")->set_int64_val(std::llround(w.flops / std::max(1, ri.gpus)));

@@ -11,10 +11,13 @@
 //   comm_tag (shared by the pair) and comm_size (bytes per GPU);
 // - collectives are COMM_COLL_NODE with comm_type, comm_size, pg_name (the group's id) and
 //   pg_ranks (its ranks);
+// - host copies of saved activations are MEM_STORE_NODE (OFFLOAD) and MEM_LOAD_NODE
+//   (RELOAD) with tensor_size (bytes per GPU);
 // - data_deps are the op's explicit dependencies on its own rank; a RECV's dependency on
 //   its SEND is the (comm_src, comm_tag) match;
 // - ctrl_deps are stream order as the simulator and executor run it: a collective follows
-//   the rank's previous collective; a compute op follows the previous op of the compute
+//   the rank's previous collective, a host copy the rank's previous copy in its direction;
+//   a compute op follows the previous op of the compute
 //   stream, or, after a run of consecutive SEND/RECV ops (posted together, sends eager),
 //   the run's RECVs and the op before the run; every op of such a run follows the op before it.
 #pragma once

@@ -20,6 +20,7 @@ Track TrackOf(const Table& t, OpId i) {
   if (IsSend(k)) return kSend;
   if (IsRecv(k)) return kRecv;
   if (IsCollective(k)) return kColl;
+  if (IsCopy(k)) return kCopy;
   if (t.module(i) == Module::kVision) return kVision;
   if (t.module(i) == Module::kGenerator) return kGenerator;
   return kCompute;

@@ -13,7 +13,8 @@ constexpr std::array<std::string_view, kNumModules> kModuleNames = {"text", "vis
 constexpr std::array<std::string_view, kNumOpKinds> kKindNames = {
     "F",          "B",          "I",        "W",          "SEND_F",
     "RECV_F",     "SEND_B",     "RECV_B",   "ALL_REDUCE", "REDUCE_SCATTER",
-    "ALL_GATHER", "ALL_TO_ALL", "OPT_STEP", "RECOMPUTE"};
+    "ALL_GATHER", "ALL_TO_ALL", "OPT_STEP", "RECOMPUTE",  "OFFLOAD",
+    "RELOAD"};
 
 bool ParseInt(std::string_view s, int32_t* out) {
   if (s.empty()) return false;

@@ -36,8 +36,10 @@ enum class OpKind : uint8_t {
   kAllToAll,
   kOptStep,    // optimizer step over the rank's parameter shard
   kRecompute,  // forward recomputation before a backward
+  kOffload,    // copy saved activations to host memory (device -> host), freeing them
+  kReload,     // copy them back before the backward that needs them (host -> device)
 };
-inline constexpr int kNumOpKinds = 14;
+inline constexpr int kNumOpKinds = 16;
 
 std::string_view ModuleName(Module m);
 std::string_view KindName(OpKind k);
@@ -57,16 +59,24 @@ inline bool IsCollective(OpKind k) {
   return k == OpKind::kAllReduce || k == OpKind::kReduceScatter || k == OpKind::kAllGather ||
          k == OpKind::kAllToAll;
 }
+inline bool IsCopy(OpKind k) {
+  return k == OpKind::kOffload || k == OpKind::kReload;
+}
 inline bool IsCompute(OpKind k) {
-  return !IsP2P(k) && !IsCollective(k);
+  return !IsP2P(k) && !IsCollective(k) && !IsCopy(k);
 }
 
 // Execution streams of a rank. Compute ops and point-to-point transfers share the
-// compute stream (Megatron's default blocking p2p); collectives run on their own stream
-// and are ordered against compute only through explicit dependencies.
-enum class Stream : uint8_t { kCompute = 0, kCollective = 1 };
+// compute stream (Megatron's default blocking p2p); collectives run on their own stream,
+// host copies on one stream per direction (the GPU's two copy engines), each ordered
+// against the others only through explicit dependencies.
+enum class Stream : uint8_t { kCompute = 0, kCollective = 1, kToHost = 2, kFromHost = 3 };
+inline constexpr int kNumStreams = 4;
 inline Stream StreamOf(OpKind k) {
-  return IsCollective(k) ? Stream::kCollective : Stream::kCompute;
+  if (IsCollective(k)) return Stream::kCollective;
+  if (k == OpKind::kOffload) return Stream::kToHost;
+  if (k == OpKind::kReload) return Stream::kFromHost;
+  return Stream::kCompute;
 }
 
 // One op's identity: everything the string form carries. -1 means "not applicable".

@@ -192,6 +192,7 @@ class TableBuilder {
 
   explicit TableBuilder(std::vector<RankInfo> ranks);
   WorkId AddWork(const Work& w);  // deduplicates identical work
+  const Work& work(WorkId id) const { return works_[id]; }
   int32_t AddGroup(std::vector<int32_t> ranks);
   Handle Add(const OpKey& key, WorkId work, uint32_t tag = 0);
   // Appends op h to the end of its rank's sequence.

@@ -92,6 +92,10 @@ StatusOr<std::string> ToTorchCsv(const Table& t, int replica, bool comms, size_t
     bool pair_open = false;  // the last action is the first half of an overlapped pair
     for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) {
       const OpKind k = t.kind(i);
+      if (IsCopy(k)) {  // host copies: no action in PyTorch's schedule
+        ++*left_out;
+        continue;
+      }
       if (t.module(i) != Module::kText) {
         if (IsCompute(k) && t.module(i) != Module::kOptimizer && t.piece(i) <= 0) ++*left_out;
         continue;

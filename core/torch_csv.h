@@ -28,7 +28,8 @@ using TorchRow = std::vector<TorchAction>;
 // Rows of replica `replica`'s ranks in pp order. Compute actions only, or with the SEND /
 // RECV actions PyTorch's `_add_send_recv` inserts (same algorithm: ranks take turns, an
 // action runs once its input has been sent, each send puts its RECV on the receiver's row).
-// `*left_out` counts the vision and generator compute ops PyTorch has no action for.
+// `*left_out` counts the vision and generator compute ops and the host copies PyTorch has
+// no action for.
 StatusOr<std::string> ToTorchCsv(const Table& t, int replica, bool comms, size_t* left_out);
 
 // Parses a CSV; errors name `name`, the line and the column.

@@ -1,7 +1,7 @@
 // Where a trace draws each op, shared by the Chrome JSON and Perfetto protobuf writers: a
 // rank has one track per kind of work (compute, vision, generator, pp send, pp recv,
-// collectives), split into lanes so that no two slices of one lane overlap or nest (an op
-// goes to the first lane of its track free at its start, in whole nanoseconds).
+// collectives, host copies), split into lanes so that no two slices of one lane overlap or nest (an
+// op goes to the first lane of its track free at its start, in whole nanoseconds).
 #pragma once
 
 #include <array>
@@ -15,9 +15,9 @@
 
 namespace pipeplan::trace {
 
-enum Track { kCompute = 0, kVision, kGenerator, kSend, kRecv, kColl, kNumTracks };
-inline constexpr const char* kTrackNames[kNumTracks] = {"compute", "vision",  "generator",
-                                                        "pp send", "pp recv", "collectives"};
+enum Track { kCompute = 0, kVision, kGenerator, kSend, kRecv, kColl, kCopy, kNumTracks };
+inline constexpr const char* kTrackNames[kNumTracks] = {
+    "compute", "vision", "generator", "pp send", "pp recv", "collectives", "host copies"};
 inline constexpr int32_t kMaxLanes = 10000;  // per track; ops beyond share the last lane
 
 Track TrackOf(const Table& t, OpId i);

@@ -63,6 +63,7 @@ Status CpuBackend::Compute(OpId op) {
   const Module mod = t_.module(op);
   const OpKind k = t_.kind(op);
   if (k == OpKind::kOptStep) return Status::Ok();  // gradients are what the check compares
+  if (IsCopy(k)) return HostCopy(op);
   if (mod == Module::kText && k == OpKind::kF) return TextForward(op);
   if (mod == Module::kText && (k == OpKind::kB || k == OpKind::kI)) return TextBackward(op);
   if (mod == Module::kText && k == OpKind::kW) return TextWeightGrad(op);
@@ -82,6 +83,65 @@ Status CpuBackend::Compute(OpId op) {
     return Status::Ok();
   }
   return Internal(fmt::format("the CPU backend cannot run {}", KindName(k)));
+}
+
+namespace {
+
+// The dependency of `op` of kind `kind` (its forward for an OFFLOAD, its OFFLOAD for a
+// RELOAD), or UINT32_MAX.
+OpId DepOfKind(const Table& t, OpId op, OpKind kind) {
+  for (OpId d : t.deps(op))
+    if (t.kind(d) == kind) return d;
+  return UINT32_MAX;
+}
+
+bool AnyEmpty(const std::vector<Tensor>& v) {
+  return std::any_of(v.begin(), v.end(), [](const Tensor& x) { return x.empty(); });
+}
+
+constexpr const char* kOnHost = "its saved activations are in host memory (no RELOAD ran)";
+
+}  // namespace
+
+std::vector<std::pair<std::vector<Tensor>*, size_t>> CpuBackend::SavedBy(OpId f) {
+  std::vector<std::pair<std::vector<Tensor>*, size_t>> out;
+  if (t_.module(f) == Module::kText) {
+    auto sv = saved_.find({t_.meta().global_stage(t_.chunk(f), stage_), t_.mb(f)});
+    if (sv != saved_.end())
+      for (size_t i = 0; i < sv->second.size(); ++i) out.push_back({&sv->second, i});
+  } else if (t_.module(f) == Module::kVision) {
+    auto sv = vision_saved_.find({t_.mb(f), t_.task(f), t_.chunk(f)});
+    if (sv == vision_saved_.end()) return out;
+    const int L = m_->vision_layers(), begin = std::max(0, t_.work(f).layer_begin);
+    const int end = t_.work(f).layer_end < 0 ? L : std::min(L, t_.work(f).layer_end);
+    for (int i = begin; i < end + (end == L ? 1 : 0); ++i)
+      if (static_cast<size_t>(i) < sv->second.size()) out.push_back({&sv->second, i});
+  }
+  return out;  // the generator keeps nothing here (its head runs in its backward)
+}
+
+// OFFLOAD moves its forward's saved tensors to host memory; RELOAD moves them back.
+Status CpuBackend::HostCopy(OpId op) {
+  const bool out = t_.kind(op) == OpKind::kOffload;
+  const OpId offload = out ? op : DepOfKind(t_, op, OpKind::kOffload);
+  if (offload == UINT32_MAX) return Internal("it reloads what no OFFLOAD moved out");
+  const OpId f = DepOfKind(t_, offload, OpKind::kF);
+  if (f == UINT32_MAX) return Internal("its OFFLOAD does not follow a forward");
+  auto slots = SavedBy(f);
+  if (out) {
+    if (host_.count(op)) return Internal("it runs twice");
+    std::vector<Tensor>& host = host_[op];
+    for (auto [stack, i] : slots) host.push_back(std::move((*stack)[i])), (*stack)[i].clear();
+    return Status::Ok();
+  }
+  auto it = host_.find(offload);
+  if (it == host_.end()) return Internal("it runs before its OFFLOAD");
+  if (it->second.size() != slots.size())
+    return Internal("the activations it reloads no longer have their places");
+  for (size_t k = 0; k < slots.size(); ++k)
+    (*slots[k].first)[slots[k].second] = std::move(it->second[k]);
+  host_.erase(it);
+  return Status::Ok();
 }
 
 Status CpuBackend::TextForward(OpId op) {
@@ -130,9 +190,10 @@ Status CpuBackend::TextBackward(OpId op) {
                                      : "its output gradient has not arrived");
   if (w.layer_begin < 0 || layers > saved.size())
     return Internal("its layer range is outside its forward's");
+  std::vector<Tensor> mine(saved.end() - static_cast<std::ptrdiff_t>(layers), saved.end());
+  if (AnyEmpty(mine)) return Internal(kOnHost);
   Tensor dx = std::move(it->second);
   source.erase(it);
-  std::vector<Tensor> mine(saved.end() - static_cast<std::ptrdiff_t>(layers), saved.end());
   saved.resize(saved.size() - layers);
   if (t_.kind(op) == OpKind::kI) {  // the weight gradients wait for W: keep inputs and dz
     WeightInputs& keep = wgrad_[{g, mb}];
@@ -218,6 +279,9 @@ Status CpuBackend::VisionBackward(OpId op) {
   auto sv = vision_saved_.find(key);
   if (sv == vision_saved_.end()) return Internal("it runs before its forward");
   std::vector<Tensor>& saved = sv->second;
+  if (AnyEmpty(
+          std::vector<Tensor>(saved.begin() + std::min<size_t>(begin, saved.size()), saved.end())))
+    return Internal(kOnHost);
   Tensor du;
   if (end < L) {
     auto it = vision_dx_.find(key);

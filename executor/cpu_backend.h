@@ -35,6 +35,10 @@ class CpuBackend : public Backend {
   Status VisionBackward(OpId op);
   StatusOr<Tensor> VisionOutputGradient(OpId op);  // from the consumer (or this rank)
   Status GeneratorShard(OpId op);
+  Status HostCopy(OpId op);  // OFFLOAD or RELOAD
+  // The saved tensors of forward op f (its layers' inputs; the projector's input after an
+  // encoder's last layer) as (stack, index) pairs.
+  std::vector<std::pair<std::vector<Tensor>*, size_t>> SavedBy(OpId f);
   Tensor* Slice(OpId collective, size_t* offset, size_t* length);
 
   const Table& t_;
@@ -60,6 +64,9 @@ class CpuBackend : public Backend {
   std::map<StageKey, WeightInputs> wgrad_;
   std::map<int, Tensor> gen_in_, gen_dx_;  // split generator: micro-batch -> input, its gradient
   std::map<TaskKey, bool> vision_remote_;  // output goes to another rank
+  // Host memory: per OFFLOAD, the saved tensors it moved out (their places on the device
+  // stay, empty, until the RELOAD moves them back).
+  std::map<OpId, std::vector<Tensor>> host_;
 };
 
 struct Reference {

@@ -21,6 +21,9 @@ class CudaBackend : public Backend {
       : t_(t), rank_(rank), pool_(pool) {}
   Status Compute(OpId op) override {
     const Work& w = t_.work(op);
+    if (IsCopy(t_.kind(op)))  // saved activations to pinned host memory and back
+      return Check(pool_->HostCopy(rank_, static_cast<size_t>(w.payload_bytes),
+                                   t_.kind(op) == OpKind::kOffload));
     return Check(pool_->Gemm(rank_, GemmDim(w, t_.ranks()[rank_].gpus),
                              std::max(1, w.layer_end - w.layer_begin)));
   }

@@ -28,7 +28,9 @@ struct Pool::Impl {
   std::vector<void*> c, payload;
   std::vector<cudaStream_t> streams;
   std::vector<cublasHandle_t> handles;
+  void* host[2] = {nullptr, nullptr};  // pinned, per direction (to host, from host)
   ~Impl() {
+    for (void* h : host) cudaFreeHost(h);
     for (auto h : handles) cublasDestroy(h);
     for (auto s : streams) cudaStreamDestroy(s);
     for (void* p : c) cudaFree(p);
@@ -143,6 +145,28 @@ std::string Pool::Copy(int dst, int src, size_t bytes) {
       !e.empty())
     return e;
   return Err(cudaStreamSynchronize(m.streams[dst]), "p2p");
+}
+
+std::string Pool::EnqueueHostCopy(int rank, size_t bytes, bool to_host, void* stream) {
+  Impl& m = *impl_;
+  void*& host = m.host[to_host ? 0 : 1];
+  if (host == nullptr)
+    if (std::string e = Err(cudaMallocHost(&host, payload_bytes_), "cudaMallocHost"); !e.empty())
+      return e;
+  cudaStream_t s = stream ? static_cast<cudaStream_t>(stream) : m.streams[rank];
+  for (size_t done = 0; done < bytes; done += payload_bytes_) {
+    const size_t n = std::min(payload_bytes_, bytes - done);
+    const cudaError_t c =
+        to_host ? cudaMemcpyAsync(host, m.payload[rank], n, cudaMemcpyDeviceToHost, s)
+                : cudaMemcpyAsync(m.payload[rank], host, n, cudaMemcpyHostToDevice, s);
+    if (std::string e = Err(c, "cudaMemcpyAsync"); !e.empty()) return e;
+  }
+  return "";
+}
+
+std::string Pool::HostCopy(int rank, size_t bytes, bool to_host) {
+  if (std::string e = EnqueueHostCopy(rank, bytes, to_host, nullptr); !e.empty()) return e;
+  return Err(cudaStreamSynchronize(impl_->streams[rank]), "host copy");
 }
 
 std::string Pool::Touch(int rank, size_t bytes) {

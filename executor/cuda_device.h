@@ -34,6 +34,11 @@ class Pool {
   std::string Copy(int dst, int src, size_t bytes);
   // Touches `bytes` of the rank's payload buffer (a collective's local traffic), then sync.
   std::string Touch(int rank, size_t bytes);
+  // Copies `bytes` between the rank's payload buffer and pinned host memory (chunks of the
+  // payload buffer's size; their contents are not used), device to host or back, on
+  // `stream` (a cudaStream_t; nullptr: the rank's stream). HostCopy also syncs.
+  std::string EnqueueHostCopy(int rank, size_t bytes, bool to_host, void* stream);
+  std::string HostCopy(int rank, size_t bytes, bool to_host);
   size_t payload_bytes() const { return payload_bytes_; }
 
  private:

@@ -127,6 +127,7 @@ class Executor {
   Status RunSend(OpId i);
   Status RunRecv(OpId i);
   Status RunCollective(OpId i);
+  Status RunCopy(OpId i);
   Status Collective(OpKind kind, int32_t c, size_t bytes, cudaStream_t s, OpId probe_op);
   Status Fold(int32_t c, size_t count, int32_t calls, cudaStream_t s);
   Status Alloc(void** p, size_t bytes) {
@@ -152,7 +153,8 @@ class Executor {
   std::map<int32_t, Usage> usage_;
   std::unique_ptr<cudadev::Pool> pool_;  // GEMMs and memory-bound passes, compute stream
   cudaStream_t compute_ = nullptr, collective_ = nullptr, recv_ = nullptr;
-  std::map<int32_t, cudaStream_t> send_streams_;  // per send communicator
+  cudaStream_t to_host_ = nullptr, from_host_ = nullptr;  // host copies, one per direction
+  std::map<int32_t, cudaStream_t> send_streams_;          // per send communicator
   void *send_buf_ = nullptr, *recv_buf_ = nullptr, *coll_in_ = nullptr, *coll_out_ = nullptr,
        *fold_ = nullptr, *gather_in_ = nullptr, *gather_out_ = nullptr;
   size_t row_ = 0;              // doubles per process in the final gather
@@ -201,6 +203,7 @@ Status Executor::Init(const NcclLaunch& l) {
           u.folds.insert(count), fold = std::max(fold, 2 * count);
       }
     }
+    if (IsCopy(k)) hbm = std::max(hbm, std::min(bytes, kScratch));  // host copies' chunks
     if (IsSend(k)) {
       send = std::max(send, bytes);
       usage_[CommOf(i)].send = std::max(usage_[CommOf(i)].send, bytes);
@@ -220,6 +223,8 @@ Status Executor::Init(const NcclLaunch& l) {
   compute_ = static_cast<cudaStream_t>(pool_->stream(0));
   RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&collective_, cudaStreamNonBlocking), "stream"));
   RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&recv_, cudaStreamNonBlocking), "stream"));
+  RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&to_host_, cudaStreamNonBlocking), "stream"));
+  RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&from_host_, cudaStreamNonBlocking), "stream"));
   for (OpId i = b; i < e; ++i)
     if (IsSend(t_.kind(i)) && !send_streams_.count(CommOf(i)))
       RETURN_IF_ERROR(Cuda(
@@ -347,8 +352,9 @@ Status Executor::Wait(OpId i, const std::string& waiting_for) {
 
 Status Executor::Finish(OpId i) {
   if (!pending_[K(i)]) return Status::Ok();
-  Status s = IsSend(t_.kind(i))
-                 ? Wait(i, fmt::format("{}: the receiver never took it", t_.str(i)))
+  Status s = IsSend(t_.kind(i)) ? Wait(i, fmt::format("{}: the receiver never took it", t_.str(i)))
+             : IsCopy(t_.kind(i))
+                 ? Wait(i, fmt::format("{}: the host copy never ended", t_.str(i)))
                  : Wait(i, fmt::format("{}: waiting for the other group members", t_.str(i)));
   if (s.ok()) pending_[K(i)] = 0;
   return s;
@@ -362,6 +368,7 @@ Status Executor::Run(OpId i) {
   Status s = IsSend(k)         ? RunSend(i)
              : IsRecv(k)       ? RunRecv(i)
              : IsCollective(k) ? RunCollective(i)
+             : IsCopy(k)       ? RunCopy(i)
                                : RunCompute(i);
   if (s.ok()) ran_[K(i)] = 1;
   return s;
@@ -521,6 +528,20 @@ Status Executor::RunCollective(OpId i) {
   return Status::Ok();
 }
 
+// A host copy runs on its direction's stream while compute goes on; the ops that depend on
+// it wait for it (Run).
+Status Executor::RunCopy(OpId i) {
+  cudaStream_t s = t_.kind(i) == OpKind::kOffload ? to_host_ : from_host_;
+  RETURN_IF_ERROR(Cuda(cudaEventRecord(start_[K(i)], s), "cudaEventRecord"));
+  if (std::string e =
+          pool_->EnqueueHostCopy(0, Bytes(t_.work(i)), t_.kind(i) == OpKind::kOffload, s);
+      !e.empty())
+    return Internal(e);
+  RETURN_IF_ERROR(Cuda(cudaEventRecord(end_[K(i)], s), "cudaEventRecord"));
+  pending_[K(i)] = 1;
+  return Status::Ok();
+}
+
 Status Executor::Drain() {
   for (OpId i = t_.rank_begin(rank_); i < t_.rank_end(rank_); ++i)
     if (Status s = Finish(i); !s.ok())
@@ -618,6 +639,8 @@ void Executor::Release() {
     if (s) cudaStreamDestroy(s);
   if (collective_) cudaStreamDestroy(collective_);
   if (recv_) cudaStreamDestroy(recv_);
+  if (to_host_) cudaStreamDestroy(to_host_);
+  if (from_host_) cudaStreamDestroy(from_host_);
   for (auto* v : {&start_, &end_})
     for (cudaEvent_t e : *v)
       if (e) cudaEventDestroy(e);

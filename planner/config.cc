@@ -28,6 +28,7 @@ constexpr std::string_view kModalityNames[] = {"inline", "decoupled", "nested", 
                                                "optimus"};
 constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
 constexpr std::string_view kStorageNames[] = {"bf16", "fp8"};
+constexpr std::string_view kPlaceNames[] = {"none", "host"};
 constexpr std::string_view kAttentionNames[] = {"flash", "unfused"};
 constexpr std::string_view kOrderNames[] = {"drawn", "light_ends"};
 constexpr std::string_view kPlacementNames[] = {"fsdp", "replicated"};
@@ -366,6 +367,7 @@ void ReadModel(MapReader m, ModelConfig* c) {
     v.Int({"merge"}, &vc.merge, 1, false, 64);
     v.Enum({"recompute"}, &vc.recompute, kRecomputeNames);
     v.Enum({"saved_activations"}, &vc.saved_activations, kStorageNames);
+    v.Enum({"offload"}, &vc.offload, kPlaceNames);
     v.Bool({"cp"}, &vc.cp);
     v.Int({"cp_threshold_patches"}, &vc.cp_threshold_patches, 1);
     v.Int({"cp_max_group"}, &vc.cp_max_group, 1);
@@ -384,6 +386,7 @@ void ReadModel(MapReader m, ModelConfig* c) {
     g.Int({"latent_patch"}, &gc.latent_patch, 1, false, 4096);
     g.Enum({"recompute"}, &gc.recompute, kRecomputeNames);
     g.Enum({"saved_activations"}, &gc.saved_activations, kStorageNames);
+    g.Enum({"offload"}, &gc.offload, kPlaceNames);
     g.Enum({"placement"}, &gc.placement, kPlacementNames);
     g.Finish();
   }
@@ -422,13 +425,15 @@ void ReadTraining(MapReader m, TrainingConfig* c) {
   m.Int({"recompute_num_layers"}, &c->recompute_num_layers, 1);
   m.EnumOrList({"saved_activations"}, &c->saved_activations, &c->saved_activations_by_rank,
                kStorageNames);
-  constexpr std::string_view kPolicyNames[] = {"recompute", "fp8"};
+  m.EnumOrList({"offload"}, &c->offload, &c->offload_by_rank, kPlaceNames);
+  constexpr std::string_view kPolicyNames[] = {"recompute", "fp8", "offload"};
   int policy = 0;
   std::vector<int> policies;
   m.EnumOrList({"memory_policies"}, &policy, &policies, kPolicyNames);
   if (policies.empty()) policies.push_back(policy);
   c->memory_recompute = std::count(policies.begin(), policies.end(), 0) > 0;
   c->memory_fp8 = std::count(policies.begin(), policies.end(), 1) > 0;
+  c->memory_offload = std::count(policies.begin(), policies.end(), 2) > 0;
   if (m.Has({"memory_policies"}) && !c->memory_auto)
     m.ctx()->FailAt("training.memory_policies",
                     "'training.memory_policies' applies only with 'training.memory: auto'");
@@ -791,9 +796,9 @@ void CheckConsistency(Config* c, Ctx* ctx) {
     if (!ctx->seen.count("model.generator.recompute"))
       c->model.generator.recompute = Recompute::kNone;
   }
-  for (auto [key, n] :
-       {std::pair{"training.recompute", t.recompute_by_rank.size()},
-        std::pair{"training.saved_activations", t.saved_activations_by_rank.size()}})
+  for (auto [key, n] : {std::pair{"training.recompute", t.recompute_by_rank.size()},
+                        std::pair{"training.saved_activations", t.saved_activations_by_rank.size()},
+                        std::pair{"training.offload", t.offload_by_rank.size()}})
     if (n != 0 && static_cast<int>(n) != p.pp)
       return ctx->FailAt(
           key, fmt::format("'{}' has {} entr{}; one per pipeline rank (pp = {}) is needed", key, n,
@@ -909,6 +914,19 @@ std::string_view PipelineName(PipelineKind k) {
 std::string_view RecomputeName(Recompute r) {
   return kRecomputeNames[static_cast<int>(r)];
 }
+bool OffloadsAny(const Config& c) {
+  const TrainingConfig& t = c.training;
+  bool any = t.offload == ActPlace::kHost;
+  for (ActPlace p : t.offload_by_rank) any = any || p == ActPlace::kHost;
+  const ModelConfig& m = c.model;
+  return any || (m.vision.enabled && m.vision.offload == ActPlace::kHost) ||
+         (m.generator.enabled && m.generator.offload == ActPlace::kHost);
+}
+
+std::string_view ActPlaceName(ActPlace p) {
+  return kPlaceNames[static_cast<int>(p)];
+}
+
 std::string_view ActStorageName(ActStorage s) {
   return kStorageNames[static_cast<int>(s)];
 }

@@ -43,6 +43,9 @@ enum class RecomputeMethod { kUniform, kBlock };
 // How saved activations are stored between forward and backward: bf16 as computed, or fp8
 // block-quantised (planner/workload.h: kFp8StoredPerBf16).
 enum class ActStorage { kBf16, kFp8 };
+// Where saved activations wait for their backward: in device memory, or copied to host
+// memory after the forward (OFFLOAD) and back before the backward (RELOAD).
+enum class ActPlace { kDevice, kHost };
 
 // Where a modality's parameters live. fsdp: sharded over every GPU of the job, gathered
 // before the step's first use, gradients reduce-scattered over the job. replicated: a full
@@ -56,6 +59,7 @@ struct VisionConfig {
   int tp = 1;                                   // encoder tensor parallelism inside a rank's GPUs
   Recompute recompute = Recompute::kSelective;  // activations kept for the encoder backward
   ActStorage saved_activations = ActStorage::kBf16;
+  ActPlace offload = ActPlace::kDevice;
   int layers = 0, hidden = 0, mlp = 0, heads = 0;
   int patch = 14;  // patch side, pixels
   int merge = 2;   // spatial merge (2 = 2x2 pixel-shuffle -> patches / 4 tokens)
@@ -73,6 +77,7 @@ struct GeneratorConfig {
   int latent_patch = 16;  // pixels per latent token side (VAE 8x downsampling x 2x2 patchify)
   Recompute recompute = Recompute::kSelective;
   ActStorage saved_activations = ActStorage::kBf16;
+  ActPlace offload = ActPlace::kDevice;
 };
 
 // Attention kernels of the LLM. flash: fused (FlashAttention), causal blocks skipped, nothing
@@ -114,6 +119,7 @@ StatusOr<std::vector<StageSpan>> ParseStageLayout(std::string_view layout);
 
 std::string_view RecomputeName(Recompute r);
 std::string_view ActStorageName(ActStorage s);
+std::string_view ActPlaceName(ActPlace p);
 
 // Precision of the GEMMs: bf16 / fp16 at the catalog's 16-bit rate; fp8 runs the linear
 // layers' GEMMs (not attention, router, embedding or output layer) at the FP8 rate with
@@ -146,12 +152,18 @@ struct TrainingConfig {
     return saved_activations_by_rank.empty() ? saved_activations
                                              : saved_activations_by_rank[pp_rank];
   }
+  // training.offload (none | host), like recompute: one place or one per pipeline rank.
+  ActPlace offload = ActPlace::kDevice;
+  std::vector<ActPlace> offload_by_rank;
+  ActPlace OffloadOf(int pp_rank) const {
+    return offload_by_rank.empty() ? offload : offload_by_rank[pp_rank];
+  }
   // training.memory: auto: the planner chooses recompute and storage per pipeline rank
   // (and of the encoder and generator) from the configured ones (none / bf16 where not
   // given) until the plan fits (planner/plan.h: BuildPlan), using the policies of
-  // training.memory_policies (recompute; fp8 only when listed).
+  // training.memory_policies (recompute; fp8 and offload only when listed).
   bool memory_auto = false;
-  bool memory_recompute = true, memory_fp8 = false;
+  bool memory_recompute = true, memory_fp8 = false, memory_offload = false;
   int zero_stage =
       1;  // 0: none, 1: optimizer states, 2: + gradients (Megatron distributed optimizer = 1)
   bool sequence_parallel = true;  // Megatron sequence parallelism with TP
@@ -239,6 +251,8 @@ struct Config {
 
 std::string_view PipelineName(PipelineKind k);
 std::string_view ModalityName(ModalityPolicy p);
+// Whether any module on any pipeline rank offloads its saved activations to host memory.
+bool OffloadsAny(const Config& c);
 
 // The memory a plan may take while it is built and simulated (checked against an estimate
 // before building); default half of the machine's physical memory.

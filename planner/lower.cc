@@ -3,6 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
+#include <limits>
+#include <map>
+#include <tuple>
 
 #include "core/memory.h"
 
@@ -162,6 +166,117 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
   }
 }
 
+namespace {
+
+// The activations an op saves (F) or reads (RECOMPUTE, B, I): module, chunk, micro-batch,
+// task and, for modalities, piece (a text backward cut into bucket pieces reads them in its
+// first piece).
+using CopyKey = std::array<int32_t, 5>;
+CopyKey CopyKeyOf(const OpKey& k) {
+  return {static_cast<int32_t>(k.module), k.chunk, k.mb, k.task,
+          k.module == Module::kText ? -1 : k.piece};
+}
+bool ReadsSaved(OpKind k) {
+  return k == OpKind::kRecompute || k == OpKind::kB || k == OpKind::kI;
+}
+
+}  // namespace
+
+void AddHostCopies(std::vector<RankSeq>* seqs, const HostCopyModel& model, TableBuilder* b) {
+  std::map<double, std::pair<WorkId, WorkId>> works;  // bytes -> (OFFLOAD, RELOAD) work
+  auto copy_works = [&](double bytes) {
+    auto [it, added] = works.try_emplace(bytes);
+    if (added) {
+      Work out, in;
+      out.payload_bytes = in.payload_bytes = bytes;
+      out.mem_delta_bytes = -bytes, in.mem_delta_bytes = bytes;
+      it->second = {b->AddWork(out), b->AddWork(in)};
+    }
+    return it->second;
+  };
+  struct Pair {
+    int f = 0, reader = 0;  // compute indices of the forward and of its first reader
+    double seconds = 0;     // one copy
+    WorkId out = 0, in = 0;
+    OpKey key;
+  };
+  for (RankSeq& seq : *seqs) {
+    std::vector<size_t> compute;                    // positions of the compute ops
+    std::vector<double> at;                         // estimated start of each, and the end
+    std::vector<std::pair<CopyKey, int>> readers;   // (key, compute index)
+    std::vector<std::pair<int, double>> producers;  // (compute index, bytes)
+    at.push_back(0);
+    for (size_t p = 0; p < seq.size(); ++p) {
+      const OpKey& k = seq[p].key;
+      if (!IsCompute(k.kind)) continue;
+      const int ci = static_cast<int>(compute.size());
+      compute.push_back(p);
+      at.push_back(at.back() + model.op_seconds(seq[p]));
+      if (ReadsSaved(k.kind)) readers.push_back({CopyKeyOf(k), ci});
+      if (k.kind == OpKind::kF)
+        if (const double bytes = model.saved(seq[p]); bytes > 0) producers.push_back({ci, bytes});
+    }
+    if (producers.empty()) continue;
+    std::sort(readers.begin(), readers.end());
+    std::vector<Pair> pairs;
+    for (auto [ci, bytes] : producers) {
+      const OpKey& k = seq[compute[ci]].key;
+      auto r = std::upper_bound(readers.begin(), readers.end(), std::pair{CopyKeyOf(k), ci});
+      if (r == readers.end() || r->first != CopyKeyOf(k)) continue;
+      auto [out, in] = copy_works(bytes);
+      pairs.push_back({ci, r->second, model.copy_seconds(bytes), out, in, k});
+    }
+    // On the compute ops' own timeline (no waits: those only add slack), RELOADs run as
+    // late as their readers allow, one after another (latest reader first), and OFFLOADs
+    // as early as their forwards allow; a pair whose OFFLOAD would not end before its
+    // RELOAD starts stays on the device.
+    std::sort(pairs.begin(), pairs.end(),
+              [](const Pair& x, const Pair& y) { return x.reader < y.reader; });
+    std::vector<double> reload_start(pairs.size());
+    double free_from = std::numeric_limits<double>::infinity();
+    for (size_t j = pairs.size(); j-- > 0;) {
+      reload_start[j] = std::min(at[pairs[j].reader], free_from) - pairs[j].seconds;
+      free_from = reload_start[j];
+    }
+    std::vector<size_t> order(pairs.size());
+    for (size_t j = 0; j < order.size(); ++j) order[j] = j;
+    std::sort(order.begin(), order.end(),
+              [&](size_t x, size_t y) { return pairs[x].f < pairs[y].f; });
+    std::vector<std::tuple<size_t, int, PendingOp>> inserts;  // (after position, order, op)
+    double out_free = 0;
+    for (size_t j : order) {
+      const Pair& q = pairs[j];
+      const double out_end = std::max(at[q.f + 1], out_free) + q.seconds;
+      // The RELOAD follows the last compute op that ends by its start (after the forward).
+      const int after =
+          static_cast<int>(std::upper_bound(at.begin() + 1, at.end(), reload_start[j]) -
+                           at.begin()) -
+          2;
+      if (out_end > reload_start[j] || after <= q.f || after >= q.reader) continue;
+      out_free = out_end;
+      OpKey k = q.key;
+      k.kind = OpKind::kOffload;
+      k.peer = -1;  // a copy of one rank's activations, not a gang's op
+      inserts.push_back({compute[q.f], -1, PendingOp{k, q.out}});
+      k.kind = OpKind::kReload;
+      inserts.push_back({compute[after], q.reader, PendingOp{k, q.in}});
+    }
+    if (inserts.empty()) continue;
+    std::sort(inserts.begin(), inserts.end(), [](const auto& x, const auto& y) {
+      return std::tie(std::get<0>(x), std::get<1>(x)) < std::tie(std::get<0>(y), std::get<1>(y));
+    });
+    RankSeq out;
+    out.reserve(seq.size() + inserts.size());
+    size_t next = 0;
+    for (size_t p = 0; p < seq.size(); ++p) {
+      out.push_back(seq[p]);
+      for (; next < inserts.size() && std::get<0>(inserts[next]) == p; ++next)
+        out.push_back(std::get<2>(inserts[next]));
+    }
+    seq = std::move(out);
+  }
+}
+
 Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
   size_t total = 0;
   for (const RankSeq& s : seqs) total += s.size();
@@ -176,6 +291,17 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
     std::vector<std::pair<int64_t, TableBuilder::Handle>> last_backward;
     std::vector<TableBuilder::Handle> grad_collectives;
     TableBuilder::Handle opt_step = UINT32_MAX;
+    // Host copies: the last compute op, activations on their way out and back.
+    TableBuilder::Handle last_compute = UINT32_MAX;
+    std::vector<std::pair<CopyKey, TableBuilder::Handle>> offloaded, reloaded;
+    auto take = [](std::vector<std::pair<CopyKey, TableBuilder::Handle>>& v, const CopyKey& key) {
+      auto it = std::find_if(v.begin(), v.end(), [&](auto& x) { return x.first == key; });
+      if (it == v.end()) return TableBuilder::Handle{UINT32_MAX};
+      const TableBuilder::Handle h = it->second;
+      *it = v.back();
+      v.pop_back();
+      return h;
+    };
     // All-gathers that open the step: (module, chunk or -1 for a modality, op).
     std::vector<std::tuple<Module, int32_t, TableBuilder::Handle>> early_gather;
     for (const PendingOp& op : seq) {
@@ -186,6 +312,20 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
       const int64_t mc = static_cast<int64_t>(k.module) << 32 | static_cast<uint32_t>(chunk);
       auto last = std::find_if(last_backward.begin(), last_backward.end(),
                                [&](auto& x) { return x.first == mc; });
+      if (IsCopy(k.kind) && last_compute != UINT32_MAX) b->AddDep(h, last_compute);
+      if (k.kind == OpKind::kOffload) {
+        offloaded.push_back({CopyKeyOf(k), h});
+      } else if (k.kind == OpKind::kReload) {
+        const TableBuilder::Handle o = take(offloaded, CopyKeyOf(k));
+        if (o == UINT32_MAX) return Internal(fmt::format("{}: no OFFLOAD before it", FormatOp(k)));
+        b->AddDep(h, o);
+        reloaded.push_back({CopyKeyOf(k), h});
+      } else if (IsCompute(k.kind)) {
+        last_compute = h;
+        if (ReadsSaved(k.kind) && !reloaded.empty())
+          if (const TableBuilder::Handle r = take(reloaded, CopyKeyOf(k)); r != UINT32_MAX)
+            b->AddDep(h, r);
+      }
       if (IsSend(k.kind)) {
         sends.push_back({op.tag, h});
       } else if (IsRecv(k.kind)) {

@@ -2,6 +2,7 @@
 // link dependencies -> table. Each pass is a function over per-rank op lists.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "core/table.h"
@@ -92,10 +93,28 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
                  const GradSyncWorks& works, const std::vector<int32_t>& dp_group_of_stage,
                  const std::vector<ModalitySync>& modality = {});
 
+// Host offload of saved activations. A forward op that saves activations of a module that
+// offloads (`saved(op)` bytes per GPU, 0: none) is followed by an OFFLOAD of them (freeing
+// them on the device once copied); a RELOAD brings them back for the first op that reads
+// them (RECOMPUTE, B or I of the same module, chunk, micro-batch, task and, for
+// modalities, piece). Where they go is planned on the rank's compute ops laid end to end
+// (`op_seconds`; waits only add slack): each RELOAD is posted after the last compute op
+// that ends before it must start to end as its reader starts (reloads one after another
+// on their stream), and a forward whose OFFLOAD (queued behind earlier ones) would not end
+// before its RELOAD starts keeps its activations on the device.
+struct HostCopyModel {
+  std::function<double(const PendingOp&)> saved;
+  std::function<double(const PendingOp&)> op_seconds;  // a compute op's predicted time
+  std::function<double(double bytes)> copy_seconds;    // one copy, either direction
+};
+void AddHostCopies(std::vector<RankSeq>* seqs, const HostCopyModel& model, TableBuilder* builder);
+
 // Adds every op to the builder in sequence order and links dependencies by rule:
 // RECV -> its SEND (by tag); a gradient collective -> the last backward of its module and
 // chunk on the rank; OPT_STEP -> the rank's gradient collectives; ALL_GATHER -> OPT_STEP;
-// an ALL_GATHER before any compute of its chunk: that chunk's first text F -> it.
+// an ALL_GATHER before any compute of its chunk: that chunk's first text F -> it;
+// OFFLOAD -> the compute op before it (its forward); RELOAD -> its OFFLOAD and the compute
+// op before it; the first reader of the activations -> their RELOAD.
 Status Link(std::vector<RankSeq> seqs, TableBuilder* builder);
 
 // `bucket` < kMaxBuckets: one reduction per bucket of an overlapped gradient reduction.

@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <unordered_map>
 
 #include "core/memory.h"
 #include "planner/data.h"
@@ -211,10 +212,13 @@ StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const L
   return ScheduleModality(in, w, all, text);
 }
 
+// `outputs`: per work id, the bytes of its forward's output that stay on the device for
+// their consumer (the encoder's output; not saved activations), where not zero.
 Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch& batch,
                    const std::vector<StageOrder>& orders, const TextWorkload& tw,
                    const TextWorkIds& text_work, const std::vector<RankInfo>& ranks,
-                   TableBuilder* b, std::vector<RankSeq>* seqs) {
+                   TableBuilder* b, std::vector<RankSeq>* seqs,
+                   std::unordered_map<WorkId, double>* outputs) {
   const ModalityPolicy policy = c.schedule.modality;
   const bool decoupled = policy == ModalityPolicy::kDecoupled;
   // Nested, bubble-fill and optimus are placed by the list scheduler; the generator is
@@ -282,6 +286,7 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
     Work out;
     out.payload_bytes = t.out_bytes;
     ids.vision_f.push_back(b->AddWork(t.f));
+    (*outputs)[ids.vision_f.back()] = t.out_bytes;
     ids.vision_b.push_back(b->AddWork(t.b));
     ids.vision_recompute.push_back(b->AddWork(t.recompute));
     ids.vision_out.push_back(b->AddWork(out));
@@ -304,6 +309,7 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         ids.piece_f[i].push_back(b->AddWork(p.f));
         ids.piece_b[i].push_back(b->AddWork(p.b));
       }
+      (*outputs)[ids.piece_f[i].back()] = w.vision[i].out_bytes;  // the last piece's
     }
   }
   auto generator = PlaceGenerator(shape, w);
@@ -503,9 +509,11 @@ StatusOr<Table> PlanOnce(const Config& c) {
 
   std::vector<RankSeq> seqs;  // per rank, its ops in order
   std::vector<ModalitySync> modality_sync;
+  std::unordered_map<WorkId, double> outputs;  // encoder outputs kept on the device
   if (!Multimodal(c)) seqs = ExpandStages(orders, shape, text_work);
   if (Multimodal(c)) {
-    RETURN_IF_ERROR(AddModality(c, shape, batch, orders, tw, text_work, ranks, &b, &seqs));
+    RETURN_IF_ERROR(
+        AddModality(c, shape, batch, orders, tw, text_work, ranks, &b, &seqs, &outputs));
     // FSDP: full gradients reduce-scattered over the job, full bf16 parameters gathered
     // before the step's first use. Replicated: the copy's gradients all-reduced over its
     // holders (reduce-scattered with ZeRO >= 1, the updated shards gathered after the
@@ -558,6 +566,30 @@ StatusOr<Table> PlanOnce(const Config& c) {
   if (ops >= kReleaseFromOps) ReleaseFreeMemory();  // the placement's working state
   AddSendRecv(&seqs, shape, p2p_work);
   AddGradSync(&seqs, shape, c.training.zero_stage, sync, dp_group, modality_sync);
+  if (OffloadsAny(c)) {
+    // The saved activations of each offloading module and pipeline rank go to host memory.
+    const CostModel cost = CostModel::Real(c.cluster.spec);
+    std::unordered_map<WorkId, double> seconds;
+    HostCopyModel copies;
+    copies.saved = [&](const PendingOp& op) {
+      const Module m = op.key.module;
+      const ActPlace place = m == Module::kVision      ? c.model.vision.offload
+                             : m == Module::kGenerator ? c.model.generator.offload
+                                                       : c.training.OffloadOf(op.key.rank % p.pp);
+      if (place != ActPlace::kHost) return 0.0;
+      auto out = outputs.find(op.work);
+      return b.work(op.work).mem_delta_bytes - (out == outputs.end() ? 0 : out->second);
+    };
+    copies.op_seconds = [&](const PendingOp& op) {
+      auto [it, added] = seconds.try_emplace(op.work);
+      if (added)
+        it->second = cost.ComputeSeconds(b.work(op.work), ranks[op.key.rank].gpus, p.tp, p.ep,
+                                         c.cluster.gpus_per_node);
+      return it->second;
+    };
+    copies.copy_seconds = [&](double bytes) { return cost.CopySeconds(bytes); };
+    AddHostCopies(&seqs, copies, &b);
+  }
   RETURN_IF_ERROR(Link(std::move(seqs), &b));
 
   PlanMeta meta;
@@ -597,7 +629,7 @@ std::vector<MemoryMode> Ladder(const Config& c, MemoryMode start, bool fused,
   std::vector<std::pair<double, MemoryMode>> modes;  // (bytes, mode)
   for (int r = 0; r < 3; ++r) {
     for (int s = 0; s < 2; ++s) {
-      const MemoryMode m{static_cast<Recompute>(r), static_cast<ActStorage>(s)};
+      const MemoryMode m{static_cast<Recompute>(r), static_cast<ActStorage>(s), start.place};
       if (!c.training.memory_recompute && m.recompute != start.recompute) continue;
       if (!c.training.memory_fp8 && m.storage != start.storage) continue;
       if (fused && m.recompute == Recompute::kSelective && c.training.memory_recompute) continue;
@@ -613,7 +645,19 @@ std::vector<MemoryMode> Ladder(const Config& c, MemoryMode start, bool fused,
     if (cost(it->second) < cheapest) cheapest = cost(it->second), ladder.push_back(it->second);
   ladder.push_back(start);
   std::reverse(ladder.begin(), ladder.end());
-  return ladder;
+  // Host offload (when allowed and not already configured): each mode, then the same mode
+  // with its activations offloaded (what offload saves depends on how long they wait for
+  // their backward and how fast the copies run, not on their bytes per token: the
+  // simulation of each candidate tells).
+  for (MemoryMode& m : ladder) m.place = start.place;
+  if (!c.training.memory_offload || start.place == ActPlace::kHost) return ladder;
+  std::vector<MemoryMode> with_host;
+  for (MemoryMode m : ladder) {
+    with_host.push_back(m);
+    m.place = ActPlace::kHost;
+    with_host.push_back(m);
+  }
+  return with_host;
 }
 
 // Where each module stands on its ladder: items 0..pp-1 are the pipeline ranks' LLM layers,
@@ -636,15 +680,18 @@ MemoryLevels LevelsOf(const Config& c) {
   };
   for (int r = 0; r < m.pp; ++r)
     m.ladders.push_back(
-        Ladder(c, {c.training.RecomputeOf(r), c.training.StorageOf(r)}, flash, text_bytes));
+        Ladder(c, {c.training.RecomputeOf(r), c.training.StorageOf(r), c.training.OffloadOf(r)},
+               flash, text_bytes));
   const VisionConfig& v = c.model.vision;
   const GeneratorConfig& g = c.model.generator;
-  m.ladders.push_back(Ladder(c, {v.recompute, v.saved_activations}, true, [&](MemoryMode mode) {
-    return SavedPerToken(mode.recompute, mode.storage, v.hidden, v.mlp, v.heads).kept;
-  }));
-  m.ladders.push_back(Ladder(c, {g.recompute, g.saved_activations}, true, [&](MemoryMode mode) {
-    return SavedPerToken(mode.recompute, mode.storage, g.hidden, g.mlp, g.heads).kept;
-  }));
+  m.ladders.push_back(
+      Ladder(c, {v.recompute, v.saved_activations, v.offload}, true, [&](MemoryMode mode) {
+        return SavedPerToken(mode.recompute, mode.storage, v.hidden, v.mlp, v.heads).kept;
+      }));
+  m.ladders.push_back(
+      Ladder(c, {g.recompute, g.saved_activations, g.offload}, true, [&](MemoryMode mode) {
+        return SavedPerToken(mode.recompute, mode.storage, g.hidden, g.mlp, g.heads).kept;
+      }));
   m.at.assign(m.ladders.size(), 0);
   return m;
 }
@@ -654,33 +701,41 @@ StatusOr<Config> WithLevels(const Config& c, const MemoryLevels& m) {
   Config k = c;
   k.training.memory_auto = false;
   k.training.recompute_by_rank.clear(), k.training.saved_activations_by_rank.clear();
-  std::string recompute, storage;
+  k.training.offload_by_rank.clear();
+  std::string recompute, storage, offload;
   for (int r = 0; r < m.pp; ++r) {
     k.training.recompute_by_rank.push_back(m.mode(r).recompute);
     k.training.saved_activations_by_rank.push_back(m.mode(r).storage);
+    k.training.offload_by_rank.push_back(m.mode(r).place);
     recompute += fmt::format("{}{}", r ? ", " : "", RecomputeName(m.mode(r).recompute));
     storage += fmt::format("{}{}", r ? ", " : "", ActStorageName(m.mode(r).storage));
+    offload += fmt::format("{}{}", r ? ", " : "", ActPlaceName(m.mode(r).place));
   }
   ASSIGN_OR_RETURN(YamlDoc doc, YamlDoc::FromString(c.source, c.resolved_yaml));
   RETURN_IF_ERROR(doc.ApplySet("training.memory=manual"));
   doc.Erase("training.memory_policies");  // a key of memory: auto only
   RETURN_IF_ERROR(doc.ApplySet(fmt::format("training.recompute=[{}]", recompute)));
   RETURN_IF_ERROR(doc.ApplySet(fmt::format("training.saved_activations=[{}]", storage)));
-  auto module = [&](const char* key, bool enabled, MemoryMode mode, Recompute* rc,
-                    ActStorage* st) -> Status {
-    *rc = mode.recompute, *st = mode.storage;
+  if (OffloadsAny(k) || c.training.memory_offload)
+    RETURN_IF_ERROR(doc.ApplySet(fmt::format("training.offload=[{}]", offload)));
+  auto module = [&](const char* key, bool enabled, MemoryMode mode, Recompute* rc, ActStorage* st,
+                    ActPlace* place) -> Status {
+    *rc = mode.recompute, *st = mode.storage, *place = mode.place;
     if (!enabled) return Status::Ok();
     RETURN_IF_ERROR(
         doc.ApplySet(fmt::format("model.{}.recompute={}", key, RecomputeName(mode.recompute))));
+    if (mode.place == ActPlace::kHost || c.training.memory_offload)
+      RETURN_IF_ERROR(
+          doc.ApplySet(fmt::format("model.{}.offload={}", key, ActPlaceName(mode.place))));
     return doc.ApplySet(
         fmt::format("model.{}.saved_activations={}", key, ActStorageName(mode.storage)));
   };
   VisionConfig& v = k.model.vision;
   GeneratorConfig& g = k.model.generator;
-  RETURN_IF_ERROR(
-      module("vision", v.enabled, m.mode(m.vision()), &v.recompute, &v.saved_activations));
-  RETURN_IF_ERROR(
-      module("generator", g.enabled, m.mode(m.generator()), &g.recompute, &g.saved_activations));
+  RETURN_IF_ERROR(module("vision", v.enabled, m.mode(m.vision()), &v.recompute,
+                         &v.saved_activations, &v.offload));
+  RETURN_IF_ERROR(module("generator", g.enabled, m.mode(m.generator()), &g.recompute,
+                         &g.saved_activations, &g.offload));
   k.resolved_yaml = doc.Dump();
   return k;
 }
@@ -761,22 +816,29 @@ StatusOr<Trial> SearchLadders(const Config& c, const Trial& start, MemoryChoice*
 }
 
 // The greedy search can end worse with more policies (fp8's smaller steps raise more
-// modules), so with fp8 allowed it runs once per subset of the allowed policies and keeps
-// the fastest plan that fits (or, if none fits, the one with the lowest peak).
+// modules), so with more than one allowed it runs once per non-empty subset of the allowed
+// policies (all of them first) and keeps the fastest plan that fits (or, if none fits, the
+// one with the lowest peak).
 StatusOr<Table> PlanAutoMemory(const Config& c, MemoryChoice* choice) {
   MemoryChoice best;
   ASSIGN_OR_RETURN(const Trial start, TryLevels(c, LevelsOf(c), &best.plans));
   best.start_step_s = start.metrics.step_time_s;
   best.start_peak_bytes = start.metrics.peak_memory_bytes;
-  std::vector<std::pair<bool, bool>> subsets = {
-      {c.training.memory_recompute, c.training.memory_fp8}};
-  if (c.training.memory_recompute && c.training.memory_fp8)
-    subsets.push_back({true, false}), subsets.push_back({false, true});
+  const TrainingConfig& tc = c.training;
+  const std::array<bool, 3> allowed = {tc.memory_recompute, tc.memory_fp8, tc.memory_offload};
+  std::vector<std::array<bool, 3>> subsets = {allowed};
+  for (int bits = 6; bits >= 1; --bits) {
+    const std::array<bool, 3> s = {(bits & 4) != 0, (bits & 2) != 0, (bits & 1) != 0};
+    bool within = s != allowed;
+    for (int k = 0; k < 3; ++k) within = within && (allowed[k] || !s[k]);
+    if (within) subsets.push_back(s);
+  }
   std::optional<Trial> kept;
   int plans = best.plans;
-  for (auto [recompute, fp8] : subsets) {
+  for (auto [recompute, fp8, offload] : subsets) {
     Config k = c;
     k.training.memory_recompute = recompute, k.training.memory_fp8 = fp8;
+    k.training.memory_offload = offload;
     MemoryChoice mc = best;
     mc.plans = 0;
     ASSIGN_OR_RETURN(Trial t, SearchLadders(k, start, &mc));
@@ -799,8 +861,10 @@ StatusOr<Table> BuildPlan(const Config& c, MemoryChoice* choice) {
 }
 
 std::string MemoryModeName(MemoryMode m) {
-  const std::string_view rc = RecomputeName(m.recompute);
-  return m.storage == ActStorage::kBf16 ? std::string(rc) : fmt::format("{}+fp8", rc);
+  std::string name(RecomputeName(m.recompute));
+  if (m.storage == ActStorage::kFp8) name += "+fp8";
+  if (m.place == ActPlace::kHost) name += "+host";
+  return name;
 }
 
 std::string MemoryChoiceText(const MemoryChoice& m) {

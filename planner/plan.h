@@ -11,9 +11,10 @@ namespace pipeplan {
 struct MemoryMode {
   Recompute recompute = Recompute::kNone;
   ActStorage storage = ActStorage::kBf16;
+  ActPlace place = ActPlace::kDevice;
   bool operator==(const MemoryMode&) const = default;
 };
-std::string MemoryModeName(MemoryMode m);  // "full", "none+fp8", ...
+std::string MemoryModeName(MemoryMode m);  // "full", "none+fp8", "selective+host", ...
 
 // What `training.memory: auto` chose: the mode of each pipeline rank's LLM layers and of
 // the encoder and generator, found by simulating candidate plans (see BuildPlan). Times in

@@ -7,6 +7,7 @@
 #include <bit>
 #include <boost/graph/adjacency_list.hpp>
 #include <boost/graph/depth_first_search.hpp>
+#include <map>
 #include <tuple>
 
 #include "simulator/engine.h"
@@ -34,7 +35,8 @@ Status NameCycle(const Table& t) {
   // Edge u -> v: u must end before v starts.
   Graph g(t.size());
   for (int32_t r = 0; r < t.num_ranks(); ++r) {
-    OpId last[2] = {UINT32_MAX, UINT32_MAX};
+    std::array<OpId, kNumStreams> last;
+    last.fill(UINT32_MAX);
     for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) {
       int s = static_cast<int>(StreamOf(t.kind(i)));
       if (last[s] != UINT32_MAX) boost::add_edge(last[s], i, g);
@@ -53,7 +55,7 @@ Status NameCycle(const Table& t) {
 
 // The ops and their constraints (each op after the previous op of its stream and after
 // its dependencies) form a graph without cycles: proven by a topological order, built
-// over the table's own arrays. Each rank's two streams are walked in order; a stream stops
+// over the table's own arrays. Each rank's streams are walked in order; a stream stops
 // at an op whose dependency has not been ordered yet, and is woken when that dependency's
 // rank next moves. Every op is ordered exactly when no cycle exists.
 Status CheckAcyclic(const Table& t) {
@@ -64,12 +66,12 @@ Status CheckAcyclic(const Table& t) {
         return InvalidPlan(fmt::format("{}: depends on op {} which does not exist", t.str(i), d));
   const int32_t R = t.num_ranks();
   std::vector<uint8_t> ordered(n, 0);
-  std::vector<std::array<OpId, 2>> cursor(R);
+  std::vector<std::array<OpId, kNumStreams>> cursor(R);
   std::vector<std::vector<std::pair<int32_t, OpId>>> waiters(R);  // (rank, op awaited)
   std::vector<int32_t> queue;
   std::vector<uint8_t> queued(R, 1);
   for (int32_t r = 0; r < R; ++r) {
-    cursor[r] = {t.rank_begin(r), t.rank_begin(r)};
+    cursor[r].fill(t.rank_begin(r));
     queue.push_back(r);
   }
   size_t count = 0;
@@ -79,7 +81,7 @@ Status CheckAcyclic(const Table& t) {
     queued[r] = 0;
     for (size_t before = count + 1; before != count;) {  // until neither stream moves
       before = count;
-      for (int s = 0; s < 2; ++s) {
+      for (int s = 0; s < kNumStreams; ++s) {
         OpId& i = cursor[r][s];
         for (; i < t.rank_end(r); ++i) {
           if (static_cast<int>(StreamOf(t.kind(i))) != s) continue;
@@ -464,11 +466,70 @@ Status CheckModality(const Table& t) {
 
 }  // namespace
 
+// Host copies: each OFFLOAD follows its forward (a dependency: an F of the same module,
+// chunk, micro-batch, task and, for modalities, piece, on its rank) and moves what it saved
+// out (mem_delta = -payload); one RELOAD brings the same bytes back (depending on the
+// OFFLOAD); the first op that reads them (RECOMPUTE, B or I) depends on that RELOAD.
+Status CheckHostCopies(const Table& t) {
+  using Key = std::array<int32_t, 5>;
+  auto key_of = [&](OpId i) -> Key {
+    return {static_cast<int32_t>(t.module(i)), t.chunk(i), t.mb(i), t.task(i),
+            t.module(i) == Module::kText ? -1 : t.piece(i)};
+  };
+  auto dep_of = [&](OpId i, OpKind kind) {
+    for (OpId d : t.deps(i))
+      if (t.kind(d) == kind && t.rank(d) == t.rank(i) && key_of(d) == key_of(i)) return d;
+    return UINT32_MAX;
+  };
+  for (int32_t r = 0; r < t.num_ranks(); ++r) {
+    std::map<Key, std::pair<OpId, OpId>> out;  // key -> (OFFLOAD, RELOAD or UINT32_MAX)
+    for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) {
+      const OpKind k = t.kind(i);
+      const Work& w = t.work(i);
+      if (k == OpKind::kOffload) {
+        if (dep_of(i, OpKind::kF) == UINT32_MAX)
+          return InvalidPlan(
+              fmt::format("{}: does not follow a forward of its activations", t.str(i)));
+        if (!(w.payload_bytes > 0) || w.mem_delta_bytes != -w.payload_bytes)
+          return InvalidPlan(fmt::format("{}: must free the bytes it copies", t.str(i)));
+        if (!out.emplace(key_of(i), std::pair{i, UINT32_MAX}).second)
+          return InvalidPlan(fmt::format("{}: offloads activations already on the host", t.str(i)));
+      } else if (k == OpKind::kReload) {
+        auto it = out.find(key_of(i));
+        if (it == out.end() || it->second.second != UINT32_MAX ||
+            dep_of(i, OpKind::kOffload) != it->second.first)
+          return InvalidPlan(
+              fmt::format("{}: does not follow the OFFLOAD of its activations", t.str(i)));
+        if (w.payload_bytes != t.work(it->second.first).payload_bytes ||
+            w.mem_delta_bytes != w.payload_bytes)
+          return InvalidPlan(fmt::format("{}: does not bring back what {} moved out", t.str(i),
+                                         t.str(it->second.first)));
+        it->second.second = i;
+      } else if (k == OpKind::kRecompute || k == OpKind::kB || k == OpKind::kI) {
+        auto it = out.find(key_of(i));
+        if (it == out.end()) continue;
+        auto [offload, reload] = it->second;
+        if (reload == UINT32_MAX)
+          return InvalidPlan(fmt::format("{}: reads activations that {} moved to host memory",
+                                         t.str(i), t.str(offload)));
+        if (std::find(t.deps(i).begin(), t.deps(i).end(), reload) == t.deps(i).end())
+          return InvalidPlan(fmt::format("{}: does not wait for {}", t.str(i), t.str(reload)));
+        out.erase(it);
+      }
+    }
+    if (!out.empty())
+      return InvalidPlan(
+          fmt::format("{}: its activations are never read back", t.str(out.begin()->second.first)));
+  }
+  return Status::Ok();
+}
+
 Status ValidatePlan(const Table& t) {
   RETURN_IF_ERROR(CheckAcyclic(t));
   RETURN_IF_ERROR(CheckPairs(t));
   RETURN_IF_ERROR(CheckFlow(t));
   RETURN_IF_ERROR(CheckModality(t));
+  RETURN_IF_ERROR(CheckHostCopies(t));
   auto progress = Simulate(t, std::vector<double>(t.size(), 0.0));
   if (!progress.ok()) return progress.status();
   return Status::Ok();

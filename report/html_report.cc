@@ -28,6 +28,7 @@ enum Class {
   kOptimizer,
   kP2P,
   kCollective,
+  kHostCopy,
   kNumClasses
 };
 constexpr std::array<std::pair<const char*, const char*>, kNumClasses> kClasses = {{
@@ -42,12 +43,14 @@ constexpr std::array<std::pair<const char*, const char*>, kNumClasses> kClasses 
     {"optimizer", "#76b7b2"},
     {"pp send / recv", "#bab0ac"},
     {"collective", "#e15759"},
+    {"host copy (offload, reload)", "#ff9da7"},
 }};
 
 Class ClassOf(const Table& t, OpId i) {
   const OpKind k = t.kind(i);
   if (IsP2P(k)) return kP2P;
   if (IsCollective(k)) return kCollective;
+  if (IsCopy(k)) return kHostCopy;
   if (k == OpKind::kOptStep || t.module(i) == Module::kOptimizer) return kOptimizer;
   if (k == OpKind::kRecompute) return kRecompute;
   const bool fwd = k == OpKind::kF;
@@ -62,7 +65,7 @@ Class ClassOf(const Table& t, OpId i) {
 }
 // Band of the row: compute ops above, communication below.
 int BandOf(Class c) {
-  return c == kP2P || c == kCollective ? 1 : 0;
+  return c == kP2P || c == kCollective || c == kHostCopy ? 1 : 0;
 }
 
 int64_t Us(double s) {

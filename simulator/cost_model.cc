@@ -57,6 +57,10 @@ double CostModel::P2PSeconds(double bytes, bool same_node) const {
   return s.inter_latency_s + bytes / (s.nic_bw * s.nic_efficiency);
 }
 
+double CostModel::CopySeconds(double bytes) const {
+  return spec_.launch_s + bytes / (spec_.host_link_bw * spec_.host_link_efficiency);
+}
+
 double CostModel::P2PSeconds(const Work& w, bool same_node) const {
   double t = P2PSeconds(w.payload_bytes, same_node);
   if (w.tp_calls > 0)  // scatter/gather: the receivers' all-gather over NVLink
@@ -131,6 +135,8 @@ std::vector<double> CostModel::Durations(const Table& t) const {
     } else if (IsCollective(k)) {
       auto [n, most, nodes] = groups[t.peer(i)];
       d[i] = CollectiveSeconds(k, w.payload_bytes, n, most, nodes);
+    } else if (IsCopy(k)) {
+      d[i] = CopySeconds(w.payload_bytes);
     } else if (t.grouped(i)) {  // a gang: its gather-KV runs at the group's tier
       d[i] = ComputeSeconds(w, r.gpus, m.tp, m.ep, m.gpus_per_node, groups[t.peer(i)][2] > 1);
     } else {

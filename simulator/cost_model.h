@@ -43,6 +43,9 @@ class CostModel {
                      bool fold_across_nodes = false) const;
   double P2PSeconds(double bytes, bool same_node) const;
   double P2PSeconds(const Work& w, bool same_node) const;  // + a folded all-gather (tp_bytes)
+  // A copy of saved activations between a GPU and host memory over the GPU's own host link
+  // (one direction; the other direction's copy engine runs at the same time).
+  double CopySeconds(double bytes) const;
   // n: group members; per_node: most members on one node; nodes: nodes spanned.
   double CollectiveSeconds(OpKind kind, double bytes, int n, int per_node, int nodes) const;
 

@@ -38,12 +38,15 @@ class Engine {
     posted_.assign(C, 0);
     ready_.assign(C, 0.0);
     cursor_.resize(R);
-    stream_end_.assign(R, {0.0, 0.0});
+    stream_end_.assign(R, {});
     queued_.assign(R, 1);
-    blocked_.assign(2 * static_cast<size_t>(R), kNone);
+    blocked_.assign(kNumStreams * static_cast<size_t>(R), kNone);
+    streams_ = 2;  // the host copy streams are walked only in plans that have copies
+    for (OpId i = 0; i < n && streams_ == 2; ++i)
+      if (IsCopy(t_.kind(i))) streams_ = kNumStreams;
     waiters_.assign(R, {});
     for (int32_t r = 0; r < R; ++r) {
-      cursor_[r] = {t_.rank_begin(r), t_.rank_begin(r)};
+      cursor_[r].fill(t_.rank_begin(r));
       queue_.push_back(r);
     }
     while (!queue_.empty()) {
@@ -68,7 +71,7 @@ class Engine {
     for (OpId d : t_.deps(i)) {
       if (state_[d] != kDone) {
         const int32_t r = t_.rank(i), q = t_.rank(d);
-        OpId& blocked = blocked_[2 * r + stream];
+        OpId& blocked = blocked_[kNumStreams * r + stream];
         if (q != r && blocked != d) waiters_[q].push_back({r, d});
         blocked = d;
         return -1;
@@ -89,7 +92,10 @@ class Engine {
   // queue): ranks waiting on one of its ops are woken at its end.
   void Advance(int32_t r) {
     bool progress = true;
-    while (progress) progress = AdvanceCompute(r) | AdvanceCollective(r);
+    while (progress) {
+      progress = AdvanceCompute(r);
+      for (int s = 1; s < streams_; ++s) progress |= AdvanceSide(r, static_cast<Stream>(s));
+    }
     auto& w = waiters_[r];
     for (size_t k = 0; k < w.size();) {
       if (state_[w[k].second] == kDone) {
@@ -108,7 +114,7 @@ class Engine {
     double& stream_end = stream_end_[r][0];
     bool progress = false;
     for (;;) {
-      while (i < end && IsCollective(t_.kind(i))) ++i;
+      while (i < end && StreamOf(t_.kind(i)) != Stream::kCompute) ++i;
       if (i >= end) return progress;
       const OpKind k = t_.kind(i);
       if (IsP2P(k)) {
@@ -172,18 +178,24 @@ class Engine {
     }
   }
 
-  bool AdvanceCollective(int32_t r) {
+  // The collective stream (members post, the last one starts the instance) or a host copy
+  // stream (an op starts when its stream and dependencies allow).
+  bool AdvanceSide(int32_t r, Stream stream) {
+    const int s = static_cast<int>(stream);
     const OpId end = t_.rank_end(r);
-    OpId& i = cursor_[r][1];
-    double& stream_end = stream_end_[r][1];
+    OpId& i = cursor_[r][s];
+    double& stream_end = stream_end_[r][s];
     bool progress = false;
     for (;;) {
-      while (i < end && !IsCollective(t_.kind(i))) ++i;
+      while (i < end && StreamOf(t_.kind(i)) != stream) ++i;
       if (i >= end) return progress;
       if (state_[i] == kIdle) {
-        double deps = DepsEnd(i, 1);
+        double deps = DepsEnd(i, s);
         if (deps < 0) return progress;
-        Post(i, std::max(stream_end, deps), r);
+        if (stream == Stream::kCollective)
+          Post(i, std::max(stream_end, deps), r);
+        else
+          Finish(i, std::max(stream_end, deps), dur_[i]);
       }
       if (state_[i] != kDone) return progress;
       stream_end = std::max(stream_end, tl_.end[i]);  // an absent op ended at 0
@@ -197,9 +209,9 @@ class Engine {
                                   t_.size() - done_, t_.size());
     int shown = 0;
     for (int32_t r = 0; r < t_.num_ranks() && shown < 16; ++r) {
-      for (int s = 0; s < 2; ++s) {
+      for (int s = 0; s < kNumStreams; ++s) {
         OpId i = cursor_[r][s];
-        while (i < t_.rank_end(r) && (IsCollective(t_.kind(i)) != (s == 1))) ++i;
+        while (i < t_.rank_end(r) && static_cast<int>(StreamOf(t_.kind(i))) != s) ++i;
         if (i >= t_.rank_end(r) || state_[i] == kDone) continue;
         std::string why;
         if (IsP2P(t_.kind(i)))
@@ -226,8 +238,9 @@ class Engine {
   std::vector<uint8_t> state_;
   std::vector<uint32_t> posted_;  // per instance: members posted
   std::vector<double> ready_;     // per instance: latest post time
-  std::vector<std::array<OpId, 2>> cursor_;
-  std::vector<std::array<double, 2>> stream_end_;
+  std::vector<std::array<OpId, kNumStreams>> cursor_;
+  std::vector<std::array<double, kNumStreams>> stream_end_;
+  int streams_ = 2;  // streams walked: compute and collective, and the copy streams if any
   std::vector<uint8_t> queued_;
   std::vector<int32_t> queue_;
   std::vector<OpId> blocked_;  // per rank and stream: the dependency it last waited on

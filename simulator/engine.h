@@ -1,8 +1,9 @@
 // Discrete-event engine over an operator table.
 //
 // Semantics (the executor implements the same):
-// - Each rank has a compute stream (compute ops and SEND/RECV) and a collective stream.
-//   Ops of one stream run in sequence order, one at a time.
+// - Each rank has a compute stream (compute ops and SEND/RECV), a collective stream and
+//   two host copy streams (OFFLOAD to host, RELOAD from it). Ops of one stream run in
+//   sequence order, one at a time.
 // - An op starts when the previous op of its stream has ended and all its explicit
 //   dependencies have ended.
 // - A maximal run of consecutive SEND/RECV ops on a rank is posted at once (batched p2p,

@@ -18,19 +18,26 @@ namespace {
 // nvlink_efficiency: NCCL all-reduce bus bandwidth without NVLink SHARP is about 80% of the
 // link rate (H800: 200 GB/s -> about 160 effective). nic_efficiency: NCCL over NDR reaches
 // about 45 of 50 GB/s per NIC. launch_s: CUDA kernel launch overhead of a few microseconds.
+// Host link: PCIe Gen5 x16 on the Hopper SXM parts (datasheets: 128 GB/s, 64 GB/s per
+// direction), Gen4 x16 on A100 SXM (64 GB/s, 32 per direction); pinned-memory copies reach
+// about 80 % of it (nvbandwidth host<->device copy-engine tests: about 50-55 GB/s on H100
+// Gen5, 25-26 GB/s on A100 Gen4): we take 0.80. Each GPU has its own x16 link to a PCIe
+// switch; the model charges a copy on that link only (not shared with the NIC's GPUDirect
+// traffic). Host memory per node: DGX H100 / H200 and DGX A100 640GB systems have 2 TB
+// (HGX H800 and H20 servers are built like them: 2 TB taken).
 const std::vector<GpuSpec> kCatalog = {
     // name      bf16     fp8      HBM     HBM bw   NVLink  NIC    a_in   a_out  gemm attn  hbm  nvl
-    // nic  launch
+    // nic  launch  host link  eff  host memory
     {"H100", 989e12, 1979e12, 80e9, 3.35e12, 450e9, 50e9, 8e-6, 20e-6, 0.75, 0.50, 0.80, 0.80, 0.90,
-     3e-6},
+     3e-6, 64e9, 0.80, 2e12},
     {"H200", 989e12, 1979e12, 141e9, 4.8e12, 450e9, 50e9, 8e-6, 20e-6, 0.80, 0.50, 0.80, 0.80, 0.90,
-     3e-6},
+     3e-6, 64e9, 0.80, 2e12},
     {"H800", 989e12, 1979e12, 80e9, 3.35e12, 200e9, 50e9, 8e-6, 20e-6, 0.75, 0.50, 0.80, 0.80, 0.90,
-     3e-6},
+     3e-6, 64e9, 0.80, 2e12},
     {"H20", 148e12, 296e12, 96e9, 4.0e12, 450e9, 50e9, 8e-6, 20e-6, 0.80, 0.50, 0.80, 0.80, 0.90,
-     3e-6},
-    {"A100", 312e12, 0, 80e9, 2.04e12, 300e9, 25e9, 8e-6, 20e-6, 0.75, 0.60, 0.80, 0.80, 0.90,
-     4e-6},
+     3e-6, 64e9, 0.80, 2e12},
+    {"A100", 312e12, 0, 80e9, 2.04e12, 300e9, 25e9, 8e-6, 20e-6, 0.75, 0.60, 0.80, 0.80, 0.90, 4e-6,
+     32e9, 0.80, 2e12},
 };
 
 struct FieldRef {
@@ -52,6 +59,9 @@ constexpr FieldRef kFields[] = {
     {"nvlink_efficiency", &GpuSpec::nvlink_efficiency},
     {"nic_efficiency", &GpuSpec::nic_efficiency},
     {"launch_s", &GpuSpec::launch_s},
+    {"host_link_bw", &GpuSpec::host_link_bw},
+    {"host_link_efficiency", &GpuSpec::host_link_efficiency},
+    {"node_host_bytes", &GpuSpec::node_host_bytes},
 };
 
 }  // namespace

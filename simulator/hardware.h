@@ -25,6 +25,9 @@ struct GpuSpec {
   double nvlink_efficiency = 0;     // achievable fraction of NVLink bandwidth (NCCL bus bw)
   double nic_efficiency = 0;        // achievable fraction of NIC bandwidth (NCCL bus bw)
   double launch_s = 0;              // launch overhead per kernel, s
+  double host_link_bw = 0;          // GPU <-> host memory (PCIe) per direction, bytes/s
+  double host_link_efficiency = 0;  // achievable fraction of it (pinned cudaMemcpyAsync)
+  double node_host_bytes = 0;       // host memory of one node, bytes
 };
 
 // Field names as used in configs (cluster.hardware.<name>) and calibration files.

@@ -29,7 +29,12 @@ const char* MemCatName(int cat) {
 std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const MemoryOptions& o,
                                       bool with_curves) {
   std::vector<RankMemory> out(t.num_ranks());
-  std::vector<OpId> order;
+  struct Event {
+    double time;
+    OpId op;
+    bool host;
+  };
+  std::vector<Event> events;
   for (int32_t r = 0; r < t.num_ranks(); ++r) {
     const RankInfo& ri = t.ranks()[r];
     // bf16 weights, fp32 main gradients (sharded with ZeRO-2), fp32 master and two moments
@@ -43,23 +48,37 @@ std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const 
     }
     cur[kReserve] = o.reserve_bytes;
     RankMemory& rm = out[r];
-    // Ops with a memory effect, in order of their end time (ties: sequence order).
-    order.clear();
-    for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i)
-      if (t.work(i).mem_delta_bytes != 0) order.push_back(i);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](OpId a, OpId b) { return tl.end[a] < tl.end[b]; });
+    // Memory effects in time order (ties: sequence order): device effects at the op's end
+    // (a RELOAD's at its start), host effects of copies at an OFFLOAD's start and a
+    // RELOAD's end.
+    events.clear();
+    for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) {
+      const OpKind k = t.kind(i);
+      if (t.work(i).mem_delta_bytes != 0)
+        events.push_back({k == OpKind::kReload ? tl.start[i] : tl.end[i], i, false});
+      if (IsCopy(k)) events.push_back({k == OpKind::kOffload ? tl.start[i] : tl.end[i], i, true});
+    }
+    std::stable_sort(events.begin(), events.end(),
+                     [](const Event& a, const Event& b) { return a.time < b.time; });
+    double host = 0;
     auto record = [&](double time) {
       double total = std::accumulate(cur.begin(), cur.end(), 0.0);
       for (int c = 0; c < kNumMemCats; ++c) rm.peak_by_cat[c] = std::max(rm.peak_by_cat[c], cur[c]);
       if (total > rm.peak_bytes) rm.peak_bytes = total, rm.peak_time_s = time, rm.at_peak = cur;
-      if (with_curves) rm.curve.push_back({time, cur});
+      rm.host_peak_bytes = std::max(rm.host_peak_bytes, host);
+      if (with_curves) rm.curve.push_back({time, cur, host});
     };
     record(0);
-    for (OpId i : order) {
-      int cat = ActCat(t.module(i));
-      cur[cat] = std::max(0.0, cur[cat] + t.work(i).mem_delta_bytes);
-      record(tl.end[i]);
+    for (const Event& e : events) {
+      const Work& w = t.work(e.op);
+      if (e.host) {
+        const double bytes = t.kind(e.op) == OpKind::kOffload ? w.payload_bytes : -w.payload_bytes;
+        host = std::max(0.0, host + bytes);
+      } else {
+        int cat = ActCat(t.module(e.op));
+        cur[cat] = std::max(0.0, cur[cat] + w.mem_delta_bytes);
+      }
+      record(e.time);
     }
     rm.oom = o.hbm_bytes > 0 && rm.peak_bytes > o.hbm_bytes;
   }
@@ -69,15 +88,19 @@ std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const 
 std::vector<CounterTrack> MemoryCounters(const std::vector<RankMemory>& memory) {
   constexpr double kGiB = 1024.0 * 1024 * 1024;
   std::vector<CounterTrack> tracks;
+  bool offloads = false;  // a "host" key only in plans that offload
+  for (const RankMemory& m : memory) offloads = offloads || m.host_peak_bytes > 0;
   for (size_t r = 0; r < memory.size(); ++r) {
     CounterTrack c;
     c.rank = static_cast<int32_t>(r);
     c.name = "memory GiB";
     for (int k = 0; k < kNumMemCats; ++k) c.keys.push_back(kCatNames[k]);
     c.keys.push_back("total");
+    if (offloads) c.keys.push_back("host");  // offloaded activations, outside the total
     for (const MemorySample& s : memory[r].curve) {
       std::vector<double> v(s.bytes.begin(), s.bytes.end());
       v.push_back(std::accumulate(v.begin(), v.end(), 0.0));
+      if (offloads) v.push_back(s.host_bytes);
       for (double& x : v) x /= kGiB;
       c.times_s.push_back(s.time_s);
       c.samples.push_back(std::move(v));

@@ -1,6 +1,8 @@
 // Memory per rank (per GPU of the rank): static (weights, gradients, optimizer states by
 // ZeRO stage) plus activations per module, with lifetimes from the timeline: an op's
-// mem_delta_bytes applies when it ends.
+// mem_delta_bytes applies when it ends, a RELOAD's when it starts (its buffer is allocated
+// before the copy). Host memory holds what OFFLOADs copied out, from the OFFLOAD's start
+// to the end of its RELOAD.
 #pragma once
 
 #include <array>
@@ -34,6 +36,7 @@ const char* MemCatName(int cat);
 struct MemorySample {
   double time_s;
   std::array<double, kNumMemCats> bytes;
+  double host_bytes;  // offloaded activations in host memory
 };
 
 struct RankMemory {
@@ -42,6 +45,7 @@ struct RankMemory {
   double peak_time_s = 0;
   std::array<double, kNumMemCats> at_peak{};  // each category at the total's peak, bytes
   bool oom = false;
+  double host_peak_bytes = 0;       // offloaded activations in host memory, per GPU
   std::vector<MemorySample> curve;  // one sample per change (if requested)
 };
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <tuple>
 
 #include "simulator/contention.h"
@@ -85,6 +86,13 @@ StatusOr<SimResult> RunSimulation(const Table& t, const SimOptions& o) {
                                         Module::kGenerator, &scratch));
     std::tie(r.metrics.generator_exposed_s, r.metrics.generator_hidden_fraction) = gen;
   }
+  if (o.exposure && r.metrics.copy_seconds > 0) {  // the same step with instant copies
+    std::vector<double> instant = r.durations;
+    for (OpId i = 0; i < t.size(); ++i)
+      if (IsCopy(t.kind(i))) instant[i] = 0;
+    ASSIGN_OR_RETURN(const Timeline tl, Simulate(t, instant, index));
+    r.metrics.copy_exposed_s = std::max(0.0, r.metrics.step_time_s - tl.Makespan());
+  }
   VisionLoad(t, r.durations, &r.metrics);
   return r;
 }
@@ -98,14 +106,18 @@ Metrics ComputeMetrics(const Table& t, const Timeline& tl, const std::vector<dou
   m.step_time_s = tl.Makespan();
   m.hbm_bytes = hbm_bytes;
   double busy_total = 0;
+  std::map<int32_t, double> node_host;  // per node: its GPUs' host peaks
   for (int32_t r = 0; r < t.num_ranks(); ++r) {
     RankMetrics rm;
     rm.rank = r, rm.pp = t.ranks()[r].pp, rm.dp = t.ranks()[r].dp;
     m.world_gpus += t.ranks()[r].gpus;
+    double copies = 0;
     for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) {
       if (IsBusy(t.kind(i))) rm.busy_s += dur[i];
+      if (IsCopy(t.kind(i))) copies += dur[i];
       m.model_flops += t.work(i).model_flops;
     }
+    m.copy_seconds = std::max(m.copy_seconds, copies);
     rm.idle_s = std::max(0.0, m.step_time_s - rm.busy_s);
     rm.bubble_fraction = m.step_time_s > 0 ? rm.idle_s / m.step_time_s : 0;
     if (r < static_cast<int32_t>(memory.size())) {
@@ -115,6 +127,9 @@ Metrics ComputeMetrics(const Table& t, const Timeline& tl, const std::vector<dou
       for (int c = kActText; c <= kActGenerator; ++c)
         rm.peak_by_module[ModuleOfCat(c)] = mem.peak_by_cat[c];
       rm.oom = mem.oom;
+      rm.host_peak_bytes = mem.host_peak_bytes;
+      node_host[t.ranks()[r].node] += mem.host_peak_bytes * t.ranks()[r].gpus;
+      m.host_peak_bytes = std::max(m.host_peak_bytes, mem.host_peak_bytes);
     }
     busy_total += rm.busy_s;
     m.lower_bound_s = std::max(m.lower_bound_s, rm.busy_s);
@@ -126,6 +141,16 @@ Metrics ComputeMetrics(const Table& t, const Timeline& tl, const std::vector<dou
     m.peak_memory_bytes = std::max(m.peak_memory_bytes, rm.peak_memory_bytes);
     m.oom = m.oom || rm.oom;
     m.ranks.push_back(rm);
+  }
+  if (!cost.unit()) m.node_host_bytes = cost.spec().node_host_bytes;
+  for (auto [node, bytes] : node_host)
+    m.node_host_peak_bytes = std::max(m.node_host_peak_bytes, bytes);
+  if (m.node_host_bytes > 0 && m.node_host_peak_bytes > m.node_host_bytes) {
+    m.host_oom = m.oom = true;
+    if (m.oom_detail.empty())
+      m.oom_detail =
+          fmt::format("host memory: offloaded activations take up to {:.2f} GiB per node",
+                      m.node_host_peak_bytes / kGiB);
   }
   if (m.step_time_s > 0) {
     m.bubble_fraction = 1 - busy_total / (t.num_ranks() * m.step_time_s);
@@ -159,6 +184,7 @@ nlohmann::json MetricsJson(const Metrics& m) {
                      {"peak_memory_bytes", r.peak_memory_bytes},
                      {"peak_memory_by_module", by_module},
                      {"memory_at_peak_bytes", at_peak},
+                     {"host_peak_bytes", r.host_peak_bytes},
                      {"oom", r.oom}});
   }
   return {{"unit_costs", m.unit_costs},
@@ -185,7 +211,13 @@ nlohmann::json MetricsJson(const Metrics& m) {
           {"generator_exposed_s", m.generator_exposed_s},
           {"generator_hidden_fraction", m.generator_hidden_fraction},
           {"vision_load_before_s", m.vision_load_before},
-          {"vision_load_after_s", m.vision_load_after}};
+          {"vision_load_after_s", m.vision_load_after},
+          {"host_peak_bytes", m.host_peak_bytes},
+          {"node_host_peak_bytes", m.node_host_peak_bytes},
+          {"node_host_bytes", m.node_host_bytes},
+          {"host_oom", m.host_oom},
+          {"copy_seconds", m.copy_seconds},
+          {"copy_exposed_s", m.copy_exposed_s}};
 }
 
 std::string MetricsText(const Metrics& m) {
@@ -210,6 +242,18 @@ std::string MetricsText(const Metrics& m) {
                    m.peak_memory_bytes / kGiB, m.hbm_bytes / kGiB,
                    m.oom ? "  ** OUT OF MEMORY **" : "");
   if (!m.oom_detail.empty()) s += fmt::format("  out of memory on {}\n", m.oom_detail);
+  if (m.copy_seconds > 0) {
+    s += fmt::format(
+        "host memory      {:.2f} GiB per GPU offloaded at peak; up to {:.2f} of {:.2f} "
+        "GiB per node{}\n",
+        m.host_peak_bytes / kGiB, m.node_host_peak_bytes / kGiB, m.node_host_bytes / kGiB,
+        m.host_oom ? "  ** OUT OF HOST MEMORY **" : "");
+    s += fmt::format("host copies      {:.4g} s on the busiest rank (offload + reload)",
+                     m.copy_seconds);
+    if (m.copy_exposed_s >= 0)
+      s += fmt::format("; the step waits {:.4g} s for them", m.copy_exposed_s);
+    s += "\n";
+  }
   s += fmt::format("ops              {}  ({} GPUs)\n", m.ops, m.world_gpus);
   if (m.vision_hidden_fraction >= 0) {
     s +=

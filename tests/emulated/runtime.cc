@@ -597,6 +597,13 @@ std::string Pool::Copy(int, int, size_t) {
 std::string Pool::Touch(int, size_t) {
   return "";
 }
+std::string Pool::EnqueueHostCopy(int, size_t, bool, void*) {
+  return "";
+}
+std::string Pool::HostCopy(int rank, size_t, bool) {
+  impl_->streams[rank]->Sync();
+  return "";
+}
 void* Pool::stream(int rank) const {
   return impl_->streams[rank];
 }

@@ -1,0 +1,181 @@
+// Host offload of saved activations (training.offload, model.<module>.offload): the
+// OFFLOAD / RELOAD ops, their cost, what they save, their validation and their replay.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/table_io.h"
+#include "executor/check.h"
+#include "helpers.h"
+#include "planner/plan.h"
+#include "planner/validate.h"
+#include "simulator/memory.h"
+#include "simulator/metrics.h"
+
+using namespace pipeplan;
+using namespace pipeplan::test;
+
+namespace {
+
+// 1F1B over 4 stages, 8 micro-batches: stage 0 runs F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4
+// B5 B6 B7, so each forward's backward comes 4 to 7 compute ops later (offloaded where the
+// copies fit); the last stage runs F_k B_k (its activations stay).
+Config OneF1B(std::vector<std::string> sets) {
+  return SmallConfig(PipelineKind::k1F1B, 4, 1, 8, 1, std::move(sets));
+}
+
+SimResult Simulated(const Config& c, const Table& t) {
+  auto r = RunSimulation(t, SimOptionsFor(c));
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  return std::move(*r);
+}
+
+std::vector<OpId> OfKind(const Table& t, int32_t rank, OpKind kind) {
+  std::vector<OpId> out;
+  for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i)
+    if (t.kind(i) == kind) out.push_back(i);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "host offload: each forward's activations leave the device and return before their "
+    "backward") {
+  // A host link fast enough that every copy fits in the op it overlaps.
+  const std::vector<std::string> fast = {"cluster.hardware.host_link_bw=1e15"};
+  std::vector<std::string> on = fast;
+  on.push_back("training.offload=host");
+  const Config c = OneF1B(on), base = OneF1B(fast);
+  const Table t = Plan(c), plain = Plan(base);
+  REQUIRE(ValidatePlan(t).ok());
+  const std::vector<OpId> out = OfKind(t, 0, OpKind::kOffload), in = OfKind(t, 0, OpKind::kReload);
+  CHECK(out.size() == 8);
+  CHECK(in.size() == 8);
+  CHECK(OfKind(t, 3, OpKind::kOffload).empty());  // the last stage's backward follows at once
+  const double act = t.work(OfKind(t, 0, OpKind::kF)[0]).mem_delta_bytes;
+  for (OpId o : out) {
+    CAPTURE(t.str(o));
+    CHECK(t.work(o).payload_bytes == act);  // everything the forward saved
+    CHECK(t.work(o).mem_delta_bytes == -act);
+  }
+  // A copy takes launch + bytes / (host link x efficiency): H100, 3 us + act / (1e15 x 0.8).
+  const SimResult r = Simulated(c, t), p = Simulated(base, plain);
+  CHECK(r.durations[out[0]] == doctest::Approx(3e-6 + act / (1e15 * 0.80)).epsilon(1e-12));
+  // 1F1B keeps pp = 4 micro-batches' activations on stage 0. With offload, in the steady
+  // state a forward ends with two (its own until its OFFLOAD ends, and those a RELOAD
+  // brought back for the next backward); the last forward F7 ends with three: its own, B4's
+  // (reloaded during F7) and B5's, whose RELOAD starts as F7 ends (B5 is two compute ops
+  // later).
+  CHECK(p.memory[0].peak_by_cat[kActText] == doctest::Approx(4 * act));
+  CHECK(r.memory[0].peak_by_cat[kActText] == doctest::Approx(3 * act));
+  CHECK(r.memory[0].host_peak_bytes == doctest::Approx(3 * act));  // F1, F2 and F3 in warm-up
+  // The copies hide behind compute: the step is the same, and none of it waits for them.
+  CHECK(r.metrics.step_time_s == doctest::Approx(p.metrics.step_time_s).epsilon(1e-12));
+  CHECK(r.metrics.copy_exposed_s == doctest::Approx(0).epsilon(1e-12));
+  CHECK(r.metrics.copy_seconds == doctest::Approx(16 * r.durations[out[0]]));
+}
+
+TEST_CASE("host offload: a link too slow to hide the copies keeps the activations on the device") {
+  // 1 MB/s: no copy fits between a forward and its backward.
+  const Config c = OneF1B({"training.offload=host", "cluster.hardware.host_link_bw=1e6"});
+  const Table t = Plan(c);
+  for (int32_t r = 0; r < t.num_ranks(); ++r) CHECK(OfKind(t, r, OpKind::kOffload).empty());
+  const SimResult s = Simulated(c, t);
+  CHECK(s.metrics.copy_seconds == 0);
+  CHECK(s.memory[0].host_peak_bytes == 0);
+}
+
+TEST_CASE("host offload per pipeline rank; errors name the key") {
+  const Config c =
+      OneF1B({"training.offload=[host, none, none, none]", "cluster.hardware.host_link_bw=1e15"});
+  CHECK(c.training.OffloadOf(0) == ActPlace::kHost);
+  CHECK(c.training.OffloadOf(1) == ActPlace::kDevice);
+  const Table t = Plan(c);
+  CHECK(OfKind(t, 0, OpKind::kOffload).size() == 8);
+  CHECK(OfKind(t, 1, OpKind::kOffload).empty());  // stage 1 could, but keeps them
+  auto doc = YamlDoc::FromString("cfg.yaml", c.resolved_yaml);
+  REQUIRE(doc.ok());
+  REQUIRE(doc->ApplySet("training.offload=[host, none]").ok());
+  auto bad = ParseConfig(std::move(*doc));
+  REQUIRE(!bad.ok());
+  CHECK(bad.status().message().find("'training.offload' has 2 entries; one per pipeline rank "
+                                    "(pp = 4) is needed") != std::string::npos);
+}
+
+TEST_CASE(
+    "validation: a backward that does not wait for its RELOAD, or reads offloaded "
+    "activations") {
+  const Table t = Plan(OneF1B({"training.offload=host", "cluster.hardware.host_link_bw=1e15"}));
+  const std::string reload = t.str(OfKind(t, 0, OpKind::kReload)[0]);
+  auto broken = [&](bool drop_reload) {
+    auto j = nlohmann::json::parse(ToJson(t));
+    auto& ops = j["ops"];
+    size_t at = 0;
+    while (ops[at]["op"] != reload) ++at;
+    if (drop_reload) {  // the RELOAD gone: B0 reads what is on the host
+      for (auto& op : ops)
+        if (op.contains("deps")) {
+          auto& d = op["deps"];
+          d.erase(std::remove(d.begin(), d.end(), at), d.end());
+          for (auto& x : d)
+            if (x > at) x = x.get<size_t>() - 1;
+        }
+      ops.erase(at);
+    } else {  // B0 no longer depends on it
+      for (auto& op : ops)
+        if (op["op"] == "r0 B c0 m0") op["deps"].clear();
+    }
+    auto b = FromJson(j.dump());
+    REQUIRE_MESSAGE(b.ok(), b.status().message());
+    return ValidatePlan(*b);
+  };
+  Status s = broken(false);
+  CHECK(s.message() == fmt::format("r0 B c0 m0: does not wait for {}", reload));
+  s = broken(true);
+  CHECK(s.message() == "r0 B c0 m0: reads activations that r0 OFFLOAD c0 m0 moved to host memory");
+}
+
+TEST_CASE(
+    "host offload: the CPU backend moves the saved tensors out and back, and the check "
+    "passes") {
+  for (std::string policy : {"inline", "decoupled", "nested", "bubble-fill", "optimus"}) {
+    CAPTURE(policy);
+    const Table t =
+        Plan(MultimodalConfig(policy, {"training.offload=host", "model.vision.offload=host",
+                                       "cluster.hardware.host_link_bw=1e15"}));
+    size_t copies = 0;
+    for (OpId i = 0; i < t.size(); ++i) copies += IsCopy(t.kind(i));
+    CHECK(copies > 0);
+    Timeline tl;
+    auto r = RunCpuLocal(t, RunOptions{}, true, &tl);
+    REQUIRE_MESSAGE(r.ok(), r.status().message());
+    CHECK(r->passed());
+  }
+}
+
+TEST_CASE("memory: auto reaches host offload when it is allowed and the plan does not fit") {
+  const std::vector<std::string> fast = {"cluster.hardware.host_link_bw=1e15"};
+  const Config base = OneF1B(fast);
+  const Table plain = Plan(base);
+  const SimResult p = Simulated(base, plain);
+  const double act = plain.work(OfKind(plain, 0, OpKind::kF)[0]).mem_delta_bytes;
+  // HBM for stage 0's peak less half a micro-batch's activations: 1F1B's 4 do not fit, the
+  // 3 of offload at most do (the first test).
+  const double hbm = p.memory[0].peak_bytes - act / 2;
+  std::vector<std::string> sets = fast;
+  for (std::string s :
+       {std::string("training.memory=auto"), std::string("training.memory_policies=[offload]"),
+        fmt::format("cluster.hardware.hbm_bytes={}", hbm)})
+    sets.push_back(s);
+  const Config c = OneF1B(sets);
+  MemoryChoice choice;
+  auto t = BuildPlan(c, &choice);
+  REQUIRE_MESSAGE(t.ok(), t.status().message());
+  CHECK(choice.fits);
+  CHECK(MemoryModeName(choice.text[0]) == "none+host");
+  CHECK(OfKind(*t, 0, OpKind::kOffload).size() == 8);
+  // Only what had to move moved: the other stages' plans fit as they were.
+  for (int r = 1; r < 4; ++r) CHECK(choice.text[r].place == ActPlace::kDevice);
+}
