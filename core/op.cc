@@ -61,7 +61,11 @@ void AppendOp(std::string* out, const OpKey& op) {
   if (op.mb >= 0) num(" m", op.mb);
   if (op.task >= 0) num(" t", op.task);
   if (op.piece >= 0) num(" p", op.piece);
-  if (op.peer >= 0) num(IsSend(op.kind) ? " ->r" : IsRecv(op.kind) ? " <-r" : " @g", op.peer);
+  if (op.peer >= 0)
+    num(IsSend(op.kind) || op.kind == OpKind::kOffload  ? " ->r"
+        : IsRecv(op.kind) || op.kind == OpKind::kReload ? " <-r"
+                                                        : " @g",
+        op.peer);
 }
 
 std::string FormatOp(const OpKey& op) {
@@ -110,11 +114,11 @@ StatusOr<OpKey> ParseOp(std::string_view text) {
       field = &op.task;
     else if (t[0] == 'p')
       field = &op.piece;
-    else if (t.substr(0, 3) == "->r" && IsSend(op.kind))
+    else if (t.substr(0, 3) == "->r" && (IsSend(op.kind) || op.kind == OpKind::kOffload))
       field = &op.peer, skip = 3;
-    else if (t.substr(0, 3) == "<-r" && IsRecv(op.kind))
+    else if (t.substr(0, 3) == "<-r" && (IsRecv(op.kind) || op.kind == OpKind::kReload))
       field = &op.peer, skip = 3;
-    else if (t.substr(0, 2) == "@g" && !IsP2P(op.kind))
+    else if (t.substr(0, 2) == "@g" && !PeerIsRank(op.kind))
       field = &op.peer, skip = 2;
     if (field == nullptr || *field != -1 || !ParseInt(t.substr(skip), field))
       return bad(fmt::format("bad field '{}'", t));

@@ -65,6 +65,11 @@ inline bool IsCopy(OpKind k) {
 inline bool IsCompute(OpKind k) {
   return !IsP2P(k) && !IsCollective(k) && !IsCopy(k);
 }
+// Kinds whose peer is a rank (SEND/RECV; a copy to or from another rank's memory), not a
+// group.
+inline bool PeerIsRank(OpKind k) {
+  return IsP2P(k) || IsCopy(k);
+}
 
 // Execution streams of a rank. Compute ops and point-to-point transfers share the
 // compute stream (Megatron's default blocking p2p); collectives run on their own stream,
@@ -87,7 +92,7 @@ struct OpKey {
   int32_t chunk = -1;  // local virtual chunk on the rank (global stage = chunk * pp + pp_rank)
   int32_t mb = -1;     // micro-batch index within the DP replica
   int32_t task = -1;   // modality task index within the micro-batch
-  int32_t peer = -1;   // peer rank for SEND/RECV, group id for collectives
+  int32_t peer = -1;   // peer rank for SEND/RECV and remote copies, group id for collectives
   int32_t piece = -1;  // layer-group piece of a modality task (its layers: the op's work)
 
   friend bool operator==(const OpKey&, const OpKey&) = default;

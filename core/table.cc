@@ -209,8 +209,10 @@ Status TableColumns::CheckConsistent() const {
       return InvalidInput(fmt::format("op {} has an unknown kind or module", i));
     if (IsP2P(t.kind_[i]) && (t.peer_[i] < 0 || t.peer_[i] >= t.num_ranks()))
       return InvalidInput(fmt::format("op {} sends to a missing rank", i));
+    if (IsCopy(t.kind_[i]) && (t.peer_[i] >= t.num_ranks() || t.peer_[i] == t.rank_[i]))
+      return InvalidInput(fmt::format("op {} copies to a missing rank or its own", i));
     if ((IsCollective(t.kind_[i]) && t.peer_[i] < 0) ||
-        (!IsP2P(t.kind_[i]) && t.peer_[i] >= t.num_groups()))
+        (!PeerIsRank(t.kind_[i]) && t.peer_[i] >= t.num_groups()))
       return InvalidInput(fmt::format("op {} uses a missing group", i));
   }
   return Status::Ok();

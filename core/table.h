@@ -133,7 +133,7 @@ class Table {
   int32_t piece(OpId i) const { return piece_[i]; }
   int32_t peer(OpId i) const { return peer_[i]; }
   // Collectives and gangs: ops matched across the ranks of group peer(i) by tag.
-  bool grouped(OpId i) const { return peer_[i] >= 0 && !IsP2P(kind_[i]); }
+  bool grouped(OpId i) const { return peer_[i] >= 0 && !PeerIsRank(kind_[i]); }
   uint32_t tag(OpId i) const { return tag_[i]; }
   bool overlaps_next(OpId i) const {
     return tag_[i] == kOverlapNextTag && peer_[i] < 0 && IsCompute(kind_[i]);

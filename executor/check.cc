@@ -79,8 +79,9 @@ StatusOr<CheckResult> RunCpuLocal(const Table& t, const RunOptions& o, bool chec
                                   Timeline* measured) {
   auto model = std::make_shared<const TinyModel>(t, TinyDims{});
   std::vector<std::unique_ptr<Backend>> backends;
+  auto held = std::make_shared<HeldActivations>();  // every rank runs in this process
   for (int32_t r = 0; r < t.num_ranks(); ++r)
-    backends.push_back(std::make_unique<CpuBackend>(t, r, model));
+    backends.push_back(std::make_unique<CpuBackend>(t, r, model, held));
   RETURN_IF_ERROR(RunLocal(t, backends, o, measured));
   std::vector<ParamSet> grads;
   double loss = 0;

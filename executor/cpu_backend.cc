@@ -37,14 +37,30 @@ double MaxRelativeError(const Tensor& a, const Tensor& b) {
   return diff / scale;
 }
 
-CpuBackend::CpuBackend(const Table& t, int32_t rank, std::shared_ptr<const TinyModel> model)
+void HeldActivations::Put(int32_t holder, OpId offload, std::vector<Tensor> v) {
+  std::lock_guard<std::mutex> lock(mu_);
+  held_[{holder, offload}] = std::move(v);
+}
+
+bool HeldActivations::Take(int32_t holder, OpId offload, std::vector<Tensor>* v) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = held_.find({holder, offload});
+  if (it == held_.end()) return false;
+  *v = std::move(it->second);
+  held_.erase(it);
+  return true;
+}
+
+CpuBackend::CpuBackend(const Table& t, int32_t rank, std::shared_ptr<const TinyModel> model,
+                       std::shared_ptr<HeldActivations> held)
     : t_(t),
       rank_(rank),
       stage_(t.ranks()[rank].pp),
       replica_(t.ranks()[rank].dp),
       stages_(t.meta().pp * t.meta().vp),
       m_(std::move(model)),
-      grads_(m_->ZeroGrads()) {
+      grads_(m_->ZeroGrads()),
+      held_(std::move(held)) {
   for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i) {
     if (t.module(i) != Module::kVision) continue;
     TaskKey key{t.mb(i), t.task(i), t.chunk(i)};
@@ -120,8 +136,15 @@ std::vector<std::pair<std::vector<Tensor>*, size_t>> CpuBackend::SavedBy(OpId f)
   return out;  // the generator keeps nothing here (its head runs in its backward)
 }
 
-// OFFLOAD moves its forward's saved tensors to host memory; RELOAD moves them back.
+// OFFLOAD moves its forward's saved tensors to host memory (or into the holder rank's);
+// RELOAD moves them back.
 Status CpuBackend::HostCopy(OpId op) {
+  const int32_t holder = t_.peer(op);
+  if (holder >= 0 && !held_)
+    return Internal(
+        fmt::format("its activations are held by rank {}, not in this process "
+                    "(remote offload runs with --local-ranks)",
+                    holder));
   const bool out = t_.kind(op) == OpKind::kOffload;
   const OpId offload = out ? op : DepOfKind(t_, op, OpKind::kOffload);
   if (offload == UINT32_MAX) return Internal("it reloads what no OFFLOAD moved out");
@@ -129,18 +152,21 @@ Status CpuBackend::HostCopy(OpId op) {
   if (f == UINT32_MAX) return Internal("its OFFLOAD does not follow a forward");
   auto slots = SavedBy(f);
   if (out) {
-    if (host_.count(op)) return Internal("it runs twice");
-    std::vector<Tensor>& host = host_[op];
-    for (auto [stack, i] : slots) host.push_back(std::move((*stack)[i])), (*stack)[i].clear();
+    std::vector<Tensor> moved;
+    for (auto [stack, i] : slots) moved.push_back(std::move((*stack)[i])), (*stack)[i].clear();
+    if (holder >= 0)
+      held_->Put(holder, op, std::move(moved));
+    else if (!host_.emplace(op, std::move(moved)).second)
+      return Internal("it runs twice");
     return Status::Ok();
   }
-  auto it = host_.find(offload);
-  if (it == host_.end()) return Internal("it runs before its OFFLOAD");
-  if (it->second.size() != slots.size())
+  std::vector<Tensor> back;
+  if (holder >= 0 ? !held_->Take(holder, offload, &back) : host_.count(offload) == 0)
+    return Internal("it runs before its OFFLOAD");
+  if (holder < 0) back = std::move(host_[offload]), host_.erase(offload);
+  if (back.size() != slots.size())
     return Internal("the activations it reloads no longer have their places");
-  for (size_t k = 0; k < slots.size(); ++k)
-    (*slots[k].first)[slots[k].second] = std::move(it->second[k]);
-  host_.erase(it);
+  for (size_t k = 0; k < slots.size(); ++k) (*slots[k].first)[slots[k].second] = std::move(back[k]);
   return Status::Ok();
 }
 

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <tuple>
 
 #include "executor/runner.h"
@@ -12,9 +13,23 @@
 
 namespace pipeplan {
 
+// Saved tensors that remote OFFLOADs put in another rank's memory, by (holder rank, OFFLOAD):
+// shared by the ranks of one process.
+class HeldActivations {
+ public:
+  void Put(int32_t holder, OpId offload, std::vector<Tensor> v);
+  bool Take(int32_t holder, OpId offload, std::vector<Tensor>* v);
+
+ private:
+  std::mutex mu_;
+  std::map<std::pair<int32_t, OpId>, std::vector<Tensor>> held_;
+};
+
 class CpuBackend : public Backend {
  public:
-  CpuBackend(const Table& t, int32_t rank, std::shared_ptr<const TinyModel> model);
+  // `held`: the other ranks' memory for remote offload (null: no other rank in this process).
+  CpuBackend(const Table& t, int32_t rank, std::shared_ptr<const TinyModel> model,
+             std::shared_ptr<HeldActivations> held = nullptr);
   Status Compute(OpId op) override;
   StatusOr<Tensor> Outgoing(OpId send) override;
   Status Incoming(OpId recv, Tensor data) override;
@@ -67,6 +82,7 @@ class CpuBackend : public Backend {
   // Host memory: per OFFLOAD, the saved tensors it moved out (their places on the device
   // stay, empty, until the RELOAD moves them back).
   std::map<OpId, std::vector<Tensor>> host_;
+  std::shared_ptr<HeldActivations> held_;
 };
 
 struct Reference {

@@ -21,9 +21,13 @@ class CudaBackend : public Backend {
       : t_(t), rank_(rank), pool_(pool) {}
   Status Compute(OpId op) override {
     const Work& w = t_.work(op);
+    const auto bytes = static_cast<size_t>(w.payload_bytes);
+    const bool out = t_.kind(op) == OpKind::kOffload;
+    if (IsCopy(t_.kind(op)) && t_.peer(op) >= 0)  // to the holder rank's memory and back
+      return Check(out ? pool_->Copy(t_.peer(op), rank_, bytes)
+                       : pool_->Copy(rank_, t_.peer(op), bytes));
     if (IsCopy(t_.kind(op)))  // saved activations to pinned host memory and back
-      return Check(pool_->HostCopy(rank_, static_cast<size_t>(w.payload_bytes),
-                                   t_.kind(op) == OpKind::kOffload));
+      return Check(pool_->HostCopy(rank_, bytes, out));
     return Check(pool_->Gemm(rank_, GemmDim(w, t_.ranks()[rank_].gpus),
                              std::max(1, w.layer_end - w.layer_begin)));
   }

@@ -203,6 +203,11 @@ Status Executor::Init(const NcclLaunch& l) {
           u.folds.insert(count), fold = std::max(fold, 2 * count);
       }
     }
+    if (IsCopy(k) && t_.peer(i) >= 0)
+      return InvalidInput(
+          fmt::format("{}: offload to another rank's memory is not replayed by "
+                      "the NCCL backend (offload to host is)",
+                      t_.str(i)));
     if (IsCopy(k)) hbm = std::max(hbm, std::min(bytes, kScratch));  // host copies' chunks
     if (IsSend(k)) {
       send = std::max(send, bytes);

@@ -28,7 +28,8 @@ constexpr std::string_view kModalityNames[] = {"inline", "decoupled", "nested", 
                                                "optimus"};
 constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
 constexpr std::string_view kStorageNames[] = {"bf16", "fp8"};
-constexpr std::string_view kPlaceNames[] = {"none", "host"};
+constexpr std::string_view kPlaceNames[] = {"none", "host", "remote"};
+constexpr std::string_view kModulePlaceNames[] = {"none", "host"};  // remote: LLM layers only
 constexpr std::string_view kAttentionNames[] = {"flash", "unfused"};
 constexpr std::string_view kOrderNames[] = {"drawn", "light_ends"};
 constexpr std::string_view kPlacementNames[] = {"fsdp", "replicated"};
@@ -367,7 +368,7 @@ void ReadModel(MapReader m, ModelConfig* c) {
     v.Int({"merge"}, &vc.merge, 1, false, 64);
     v.Enum({"recompute"}, &vc.recompute, kRecomputeNames);
     v.Enum({"saved_activations"}, &vc.saved_activations, kStorageNames);
-    v.Enum({"offload"}, &vc.offload, kPlaceNames);
+    v.Enum({"offload"}, &vc.offload, kModulePlaceNames);
     v.Bool({"cp"}, &vc.cp);
     v.Int({"cp_threshold_patches"}, &vc.cp_threshold_patches, 1);
     v.Int({"cp_max_group"}, &vc.cp_max_group, 1);
@@ -386,7 +387,7 @@ void ReadModel(MapReader m, ModelConfig* c) {
     g.Int({"latent_patch"}, &gc.latent_patch, 1, false, 4096);
     g.Enum({"recompute"}, &gc.recompute, kRecomputeNames);
     g.Enum({"saved_activations"}, &gc.saved_activations, kStorageNames);
-    g.Enum({"offload"}, &gc.offload, kPlaceNames);
+    g.Enum({"offload"}, &gc.offload, kModulePlaceNames);
     g.Enum({"placement"}, &gc.placement, kPlacementNames);
     g.Finish();
   }
@@ -916,11 +917,11 @@ std::string_view RecomputeName(Recompute r) {
 }
 bool OffloadsAny(const Config& c) {
   const TrainingConfig& t = c.training;
-  bool any = t.offload == ActPlace::kHost;
-  for (ActPlace p : t.offload_by_rank) any = any || p == ActPlace::kHost;
+  bool any = t.offload != ActPlace::kDevice;
+  for (ActPlace p : t.offload_by_rank) any = any || p != ActPlace::kDevice;
   const ModelConfig& m = c.model;
-  return any || (m.vision.enabled && m.vision.offload == ActPlace::kHost) ||
-         (m.generator.enabled && m.generator.offload == ActPlace::kHost);
+  return any || (m.vision.enabled && m.vision.offload != ActPlace::kDevice) ||
+         (m.generator.enabled && m.generator.offload != ActPlace::kDevice);
 }
 
 std::string_view ActPlaceName(ActPlace p) {

@@ -43,9 +43,10 @@ enum class RecomputeMethod { kUniform, kBlock };
 // How saved activations are stored between forward and backward: bf16 as computed, or fp8
 // block-quantised (planner/workload.h: kFp8StoredPerBf16).
 enum class ActStorage { kBf16, kFp8 };
-// Where saved activations wait for their backward: in device memory, or copied to host
-// memory after the forward (OFFLOAD) and back before the backward (RELOAD).
-enum class ActPlace { kDevice, kHost };
+// Where saved activations wait for their backward: in device memory, or copied after the
+// forward (OFFLOAD) and back before the backward (RELOAD) to host memory or (the LLM's
+// layers only) to the device memory of another pipeline stage of the replica (remote).
+enum class ActPlace { kDevice, kHost, kRemote };
 
 // Where a modality's parameters live. fsdp: sharded over every GPU of the job, gathered
 // before the step's first use, gradients reduce-scattered over the job. replicated: a full
@@ -152,7 +153,8 @@ struct TrainingConfig {
     return saved_activations_by_rank.empty() ? saved_activations
                                              : saved_activations_by_rank[pp_rank];
   }
-  // training.offload (none | host), like recompute: one place or one per pipeline rank.
+  // training.offload (none | host | remote), like recompute: one place or one per pipeline
+  // rank.
   ActPlace offload = ActPlace::kDevice;
   std::vector<ActPlace> offload_by_rank;
   ActPlace OffloadOf(int pp_rank) const {
@@ -251,7 +253,7 @@ struct Config {
 
 std::string_view PipelineName(PipelineKind k);
 std::string_view ModalityName(ModalityPolicy p);
-// Whether any module on any pipeline rank offloads its saved activations to host memory.
+// Whether any module on any pipeline rank offloads its saved activations (host or remote).
 bool OffloadsAny(const Config& c);
 
 // The memory a plan may take while it is built and simulated (checked against an estimate

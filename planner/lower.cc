@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <tuple>
@@ -182,7 +183,57 @@ bool ReadsSaved(OpKind k) {
 
 }  // namespace
 
-void AddHostCopies(std::vector<RankSeq>* seqs, const HostCopyModel& model, TableBuilder* b) {
+std::vector<uint8_t> ChooseRemote(const std::vector<RemoteSpan>& spans,
+                                  const std::vector<std::pair<double, double>>& curve, double cap) {
+  std::vector<uint8_t> chosen(spans.size(), 0);
+  std::vector<double> left(curve.size()), held(curve.size(), 0.0);
+  for (size_t k = 0; k < curve.size(); ++k) left[k] = curve[k].second;
+  // Samples in [from, to): the curve's steps that start there.
+  auto range = [&](double from, double to) {
+    auto lo = std::lower_bound(curve.begin(), curve.end(), std::pair{from, -HUGE_VAL});
+    auto hi = std::lower_bound(curve.begin(), curve.end(), std::pair{to, -HUGE_VAL});
+    return std::pair{static_cast<size_t>(lo - curve.begin()),
+                     static_cast<size_t>(hi - curve.begin())};
+  };
+  const double highest = curve.empty() ? 0 : *std::max_element(left.begin(), left.end());
+  for (;;) {
+    const size_t top =
+        static_cast<size_t>(std::max_element(left.begin(), left.end()) - left.begin());
+    if (top >= curve.size()) break;
+    const double t = curve[top].first;
+    // Of the unchosen spans away at t that the holder can take, the one away longest where
+    // the rank is within one span's bytes of its current highest (where it must go down).
+    size_t best = spans.size();
+    double best_score = -1;
+    for (size_t j = 0; j < spans.size(); ++j) {
+      const RemoteSpan& s = spans[j];
+      if (chosen[j] || !(s.away_from <= t && t < s.away_to)) continue;
+      auto [lo, hi] = range(s.away_from, s.held_to);
+      double most = 0;
+      for (size_t k = lo; k < hi; ++k) most = std::max(most, held[k]);
+      if (most + s.bytes > cap) continue;
+      std::tie(lo, hi) = range(s.away_from, s.away_to);
+      double score = 0;
+      for (size_t k = lo; k < hi; ++k)
+        if (left[k] > left[top] - s.bytes)
+          score += (k + 1 < curve.size() ? curve[k + 1].first : s.away_to) - curve[k].first;
+      if (score > best_score) best = j, best_score = score;
+    }
+    if (best == spans.size()) break;
+    chosen[best] = 1;
+    const RemoteSpan& s = spans[best];
+    auto [lo, hi] = range(s.away_from, s.away_to);
+    for (size_t k = lo; k < hi; ++k) left[k] -= s.bytes;
+    std::tie(lo, hi) = range(s.away_from, s.held_to);
+    for (size_t k = lo; k < hi; ++k) held[k] += s.bytes;
+  }
+  // Spans that do not lower the rank's peak would only fill the holder.
+  if (curve.empty() || *std::max_element(left.begin(), left.end()) >= highest)
+    std::fill(chosen.begin(), chosen.end(), 0);
+  return chosen;
+}
+
+Status AddHostCopies(std::vector<RankSeq>* seqs, const HostCopyModel& model, TableBuilder* b) {
   std::map<double, std::pair<WorkId, WorkId>> works;  // bytes -> (OFFLOAD, RELOAD) work
   auto copy_works = [&](double bytes) {
     auto [it, added] = works.try_emplace(bytes);
@@ -197,21 +248,24 @@ void AddHostCopies(std::vector<RankSeq>* seqs, const HostCopyModel& model, Table
   struct Pair {
     int f = 0, reader = 0;  // compute indices of the forward and of its first reader
     double seconds = 0;     // one copy
+    double bytes = 0;
     WorkId out = 0, in = 0;
     OpKey key;
   };
   for (RankSeq& seq : *seqs) {
     std::vector<size_t> compute;                    // positions of the compute ops
-    std::vector<double> at;                         // estimated start of each, and the end
+    std::vector<double> start, end;                 // their predicted times
     std::vector<std::pair<CopyKey, int>> readers;   // (key, compute index)
     std::vector<std::pair<int, double>> producers;  // (compute index, bytes)
-    at.push_back(0);
     for (size_t p = 0; p < seq.size(); ++p) {
       const OpKey& k = seq[p].key;
       if (!IsCompute(k.kind)) continue;
       const int ci = static_cast<int>(compute.size());
       compute.push_back(p);
-      at.push_back(at.back() + model.op_seconds(seq[p]));
+      const auto [s, e] = model.times(seq[p]);
+      if (s < 0)
+        return Internal(fmt::format("{}: no predicted time to place copies by", FormatOp(k)));
+      start.push_back(s), end.push_back(end.empty() ? e : std::max(e, end.back()));
       if (ReadsSaved(k.kind)) readers.push_back({CopyKeyOf(k), ci});
       if (k.kind == OpKind::kF)
         if (const double bytes = model.saved(seq[p]); bytes > 0) producers.push_back({ci, bytes});
@@ -224,18 +278,20 @@ void AddHostCopies(std::vector<RankSeq>* seqs, const HostCopyModel& model, Table
       auto r = std::upper_bound(readers.begin(), readers.end(), std::pair{CopyKeyOf(k), ci});
       if (r == readers.end() || r->first != CopyKeyOf(k)) continue;
       auto [out, in] = copy_works(bytes);
-      pairs.push_back({ci, r->second, model.copy_seconds(bytes), out, in, k});
+      const int32_t holder = model.holder(seq[compute[ci]]);
+      pairs.push_back(
+          {ci, r->second, model.copy_seconds(bytes, k.rank, holder), bytes, out, in, k});
+      pairs.back().key.peer = holder;
     }
-    // On the compute ops' own timeline (no waits: those only add slack), RELOADs run as
-    // late as their readers allow, one after another (latest reader first), and OFFLOADs
-    // as early as their forwards allow; a pair whose OFFLOAD would not end before its
-    // RELOAD starts stays on the device.
+    // RELOADs run as late as their readers allow, one after another (latest reader first),
+    // and OFFLOADs as early as their forwards allow; a pair whose OFFLOAD would not end
+    // before its RELOAD starts stays on the device.
     std::sort(pairs.begin(), pairs.end(),
               [](const Pair& x, const Pair& y) { return x.reader < y.reader; });
     std::vector<double> reload_start(pairs.size());
     double free_from = std::numeric_limits<double>::infinity();
     for (size_t j = pairs.size(); j-- > 0;) {
-      reload_start[j] = std::min(at[pairs[j].reader], free_from) - pairs[j].seconds;
+      reload_start[j] = std::min(start[pairs[j].reader], free_from) - pairs[j].seconds;
       free_from = reload_start[j];
     }
     std::vector<size_t> order(pairs.size());
@@ -243,23 +299,35 @@ void AddHostCopies(std::vector<RankSeq>* seqs, const HostCopyModel& model, Table
     std::sort(order.begin(), order.end(),
               [&](size_t x, size_t y) { return pairs[x].f < pairs[y].f; });
     std::vector<std::tuple<size_t, int, PendingOp>> inserts;  // (after position, order, op)
+    // Each RELOAD follows the last compute op that ends by its start (after the forward).
+    std::vector<int> after(pairs.size());
+    for (size_t j = 0; j < pairs.size(); ++j)
+      after[j] = static_cast<int>(std::upper_bound(end.begin(), end.end(), reload_start[j]) -
+                                  end.begin()) -
+                 1;
+    std::vector<uint8_t> chosen(pairs.size(), 1);
+    if (!pairs.empty() && pairs[0].key.peer >= 0) {  // remote: the pairs that even memory
+      std::vector<RemoteSpan> spans;
+      for (size_t j = 0; j < pairs.size(); ++j) {
+        const double back = after[j] >= 0 ? end[after[j]] : 0;  // the RELOAD starts
+        spans.push_back(
+            {end[pairs[j].f] + pairs[j].seconds, back, back + pairs[j].seconds, pairs[j].bytes});
+      }
+      const int32_t rank = pairs[0].key.rank;
+      chosen = ChooseRemote(spans, model.curve(rank), model.hold_cap(rank));
+    }
     double out_free = 0;
     for (size_t j : order) {
       const Pair& q = pairs[j];
-      const double out_end = std::max(at[q.f + 1], out_free) + q.seconds;
-      // The RELOAD follows the last compute op that ends by its start (after the forward).
-      const int after =
-          static_cast<int>(std::upper_bound(at.begin() + 1, at.end(), reload_start[j]) -
-                           at.begin()) -
-          2;
-      if (out_end > reload_start[j] || after <= q.f || after >= q.reader) continue;
+      const double out_end = std::max(end[q.f], out_free) + q.seconds;
+      if (!chosen[j] || out_end > reload_start[j] || after[j] <= q.f || after[j] >= q.reader)
+        continue;
       out_free = out_end;
-      OpKey k = q.key;
+      OpKey k = q.key;  // its peer: the holder (a gang's group is not the copy's)
       k.kind = OpKind::kOffload;
-      k.peer = -1;  // a copy of one rank's activations, not a gang's op
       inserts.push_back({compute[q.f], -1, PendingOp{k, q.out}});
       k.kind = OpKind::kReload;
-      inserts.push_back({compute[after], q.reader, PendingOp{k, q.in}});
+      inserts.push_back({compute[after[j]], q.reader, PendingOp{k, q.in}});
     }
     if (inserts.empty()) continue;
     std::sort(inserts.begin(), inserts.end(), [](const auto& x, const auto& y) {
@@ -275,6 +343,7 @@ void AddHostCopies(std::vector<RankSeq>* seqs, const HostCopyModel& model, Table
     }
     seq = std::move(out);
   }
+  return Status::Ok();
 }
 
 Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {

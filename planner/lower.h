@@ -93,21 +93,42 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
                  const GradSyncWorks& works, const std::vector<int32_t>& dp_group_of_stage,
                  const std::vector<ModalitySync>& modality = {});
 
-// Host offload of saved activations. A forward op that saves activations of a module that
+// Offload of saved activations. A forward op that saves activations of a module that
 // offloads (`saved(op)` bytes per GPU, 0: none) is followed by an OFFLOAD of them (freeing
 // them on the device once copied); a RELOAD brings them back for the first op that reads
 // them (RECOMPUTE, B or I of the same module, chunk, micro-batch, task and, for
-// modalities, piece). Where they go is planned on the rank's compute ops laid end to end
-// (`op_seconds`; waits only add slack): each RELOAD is posted after the last compute op
-// that ends before it must start to end as its reader starts (reloads one after another
-// on their stream), and a forward whose OFFLOAD (queued behind earlier ones) would not end
-// before its RELOAD starts keeps its activations on the device.
+// modalities, piece). Where they go is planned on the compute ops' predicted times
+// (`times`: the same plan without copies, simulated): each RELOAD is posted after the last
+// compute op that ends before it must start to end as its reader starts (reloads one after
+// another on their stream, latest reader first), and a forward whose OFFLOAD (queued behind
+// earlier ones) would not end before its RELOAD starts keeps its activations on the device.
+// `holder(op)`: the rank whose device memory holds them (remote offload), or -1: host
+// memory; copies to a holder are OFFLOAD ->r / RELOAD <-r.
 struct HostCopyModel {
   std::function<double(const PendingOp&)> saved;
-  std::function<double(const PendingOp&)> op_seconds;  // a compute op's predicted time
-  std::function<double(double bytes)> copy_seconds;    // one copy, either direction
+  std::function<int32_t(const PendingOp&)> holder;
+  std::function<std::pair<double, double>(const PendingOp&)> times;  // a compute op's start, end
+  // Bytes a holder may keep for `rank` at once (remote offload).
+  std::function<double(int32_t rank)> hold_cap;
+  // The rank's predicted device memory: (time, bytes from then) steps.
+  std::function<const std::vector<std::pair<double, double>>&(int32_t rank)> curve;
+  // One copy of `bytes` between rank `rank` and `holder` (-1: host memory), either way.
+  std::function<double(double bytes, int32_t rank, int32_t holder)> copy_seconds;
 };
-void AddHostCopies(std::vector<RankSeq>* seqs, const HostCopyModel& model, TableBuilder* builder);
+// Remote offload: a forward's activations are away from its rank over [away_from, away_to)
+// (its end to its RELOAD's start) and held by the holder until held_to (the RELOAD's end).
+struct RemoteSpan {
+  double away_from, away_to, held_to, bytes;
+};
+// Which spans go to the holder: greedy peak reduction on the rank's predicted memory
+// `curve` ((time, bytes) steps, less the spans chosen): while a span away at the curve's
+// highest point keeps the holder within `cap` bytes at once, the one of them away longest
+// while the rank is within its bytes of that point is chosen.
+std::vector<uint8_t> ChooseRemote(const std::vector<RemoteSpan>& spans,
+                                  const std::vector<std::pair<double, double>>& curve, double cap);
+
+// Fails where `times` has no time for a compute op (start < 0).
+Status AddHostCopies(std::vector<RankSeq>* seqs, const HostCopyModel& model, TableBuilder* builder);
 
 // Adds every op to the builder in sequence order and links dependencies by rule:
 // RECV -> its SEND (by tag); a gradient collective -> the last backward of its module and

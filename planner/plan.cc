@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <unordered_map>
 
@@ -400,6 +401,46 @@ StatusOr<Config> ConfigOfPlan(const Table& plan, const std::string& plan_path,
 
 namespace {
 
+StatusOr<Table> PlanOnce(const Config& c);
+
+struct OpKeyHash {
+  size_t operator()(const OpKey& k) const {
+    size_t h = std::hash<int64_t>()(int64_t{k.rank} << 32 | static_cast<uint32_t>(k.mb));
+    for (int32_t x : {static_cast<int32_t>(k.kind), static_cast<int32_t>(k.module), k.chunk, k.task,
+                      k.peer, k.piece})
+      h = h * 1000003 ^ std::hash<int32_t>()(x);
+    return h;
+  }
+};
+// c's plan with nothing offloaded, simulated: every compute op's start and end, every rank's
+// peak memory per GPU.
+struct Predicted {
+  std::unordered_map<OpKey, std::pair<double, double>, OpKeyHash> times;
+  std::vector<double> peak;
+  std::vector<std::vector<std::pair<double, double>>> curve;  // per rank: (time, bytes) steps
+};
+StatusOr<Predicted> PredictWithoutOffload(const Config& c) {
+  Config k = c;
+  k.training.offload = ActPlace::kDevice, k.training.offload_by_rank.clear();
+  k.model.vision.offload = k.model.generator.offload = ActPlace::kDevice;
+  ASSIGN_OR_RETURN(const Table t, PlanOnce(k));
+  SimOptions o = SimOptionsFor(k);
+  o.exposure = false;
+  o.memory_curves = true;
+  ASSIGN_OR_RETURN(const SimResult r, RunSimulation(t, o));
+  Predicted p;
+  p.times.reserve(t.size());
+  for (OpId i = 0; i < t.size(); ++i)
+    if (IsCompute(t.kind(i))) p.times[t.key(i)] = {r.timeline.start[i], r.timeline.end[i]};
+  for (const RankMemory& m : r.memory) {
+    p.peak.push_back(m.peak_bytes);
+    auto& curve = p.curve.emplace_back();
+    for (const MemorySample& s : m.curve)
+      curve.push_back({s.time_s, std::accumulate(s.bytes.begin(), s.bytes.end(), 0.0)});
+  }
+  return p;
+}
+
 StatusOr<Table> PlanOnce(const Config& c) {
   const ParallelConfig& p = c.parallel;
   PipelineShape shape{p.pp, p.vp, p.dp, c.training.microbatches, PlacementOf(c.schedule.pipeline)};
@@ -568,27 +609,58 @@ StatusOr<Table> PlanOnce(const Config& c) {
   AddGradSync(&seqs, shape, c.training.zero_stage, sync, dp_group, modality_sync);
   if (OffloadsAny(c)) {
     // The saved activations of each offloading module and pipeline rank go to host memory.
+    // Copies are placed by the compute ops' times in the same plan without them.
+    ASSIGN_OR_RETURN(const Predicted predicted, PredictWithoutOffload(c));
     const CostModel cost = CostModel::Real(c.cluster.spec);
-    std::unordered_map<WorkId, double> seconds;
     HostCopyModel copies;
+    auto place_of = [&](const OpKey& k) {
+      return k.module == Module::kVision      ? c.model.vision.offload
+             : k.module == Module::kGenerator ? c.model.generator.offload
+                                              : c.training.OffloadOf(k.rank % p.pp);
+    };
+    // Remote (the LLM layers of a pipeline rank): in each replica, the stages that offload,
+    // from the highest predicted peak down, each paired with a stage that does not, from the
+    // lowest peak up, while the holder's peak is the lower.
+    std::vector<int32_t> holder(ranks.size(), -1);
+    for (int d = 0; d < p.dp; ++d) {
+      std::vector<int32_t> from, to;
+      for (int s = 0; s < p.pp; ++s)
+        (c.training.OffloadOf(s) == ActPlace::kRemote ? from : to).push_back(shape.rank(d, s));
+      auto peak = [&](int32_t r) { return predicted.peak[r]; };
+      std::stable_sort(from.begin(), from.end(),
+                       [&](int32_t x, int32_t y) { return peak(x) > peak(y); });
+      std::stable_sort(to.begin(), to.end(),
+                       [&](int32_t x, int32_t y) { return peak(x) < peak(y); });
+      for (size_t i = 0; i < std::min(from.size(), to.size()) && peak(to[i]) < peak(from[i]); ++i)
+        holder[from[i]] = to[i];
+    }
+    copies.holder = [&](const PendingOp& op) {
+      return place_of(op.key) == ActPlace::kRemote ? holder[op.key.rank] : -1;
+    };
     copies.saved = [&](const PendingOp& op) {
-      const Module m = op.key.module;
-      const ActPlace place = m == Module::kVision      ? c.model.vision.offload
-                             : m == Module::kGenerator ? c.model.generator.offload
-                                                       : c.training.OffloadOf(op.key.rank % p.pp);
-      if (place != ActPlace::kHost) return 0.0;
+      const ActPlace place = place_of(op.key);
+      if (place == ActPlace::kDevice || (place == ActPlace::kRemote && holder[op.key.rank] < 0))
+        return 0.0;
       auto out = outputs.find(op.work);
       return b.work(op.work).mem_delta_bytes - (out == outputs.end() ? 0 : out->second);
     };
-    copies.op_seconds = [&](const PendingOp& op) {
-      auto [it, added] = seconds.try_emplace(op.work);
-      if (added)
-        it->second = cost.ComputeSeconds(b.work(op.work), ranks[op.key.rank].gpus, p.tp, p.ep,
-                                         c.cluster.gpus_per_node);
-      return it->second;
+    copies.times = [&](const PendingOp& op) {
+      auto it = predicted.times.find(op.key);
+      return it == predicted.times.end() ? std::pair{-1.0, -1.0} : it->second;
     };
-    copies.copy_seconds = [&](double bytes) { return cost.CopySeconds(bytes); };
-    AddHostCopies(&seqs, copies, &b);
+    // A holder takes what evens the two ranks' peaks, within its HBM.
+    copies.curve = [&](int32_t rank) -> const std::vector<std::pair<double, double>>& {
+      return predicted.curve[rank];
+    };
+    copies.hold_cap = [&](int32_t rank) {
+      const double mine = predicted.peak[rank], its = predicted.peak[holder[rank]];
+      return std::max(0.0, std::min((mine - its) / 2, c.cluster.spec.hbm_bytes - its));
+    };
+    copies.copy_seconds = [&](double bytes, int32_t rank, int32_t holder) {
+      return holder < 0 ? cost.CopySeconds(bytes)
+                        : cost.P2PSeconds(bytes, ranks[rank].node == ranks[holder].node);
+    };
+    RETURN_IF_ERROR(AddHostCopies(&seqs, copies, &b));
   }
   RETURN_IF_ERROR(Link(std::move(seqs), &b));
 

@@ -500,6 +500,9 @@ Status CheckHostCopies(const Table& t) {
             dep_of(i, OpKind::kOffload) != it->second.first)
           return InvalidPlan(
               fmt::format("{}: does not follow the OFFLOAD of its activations", t.str(i)));
+        if (t.peer(i) != t.peer(it->second.first))
+          return InvalidPlan(fmt::format("{}: reloads from elsewhere than {} put them", t.str(i),
+                                         t.str(it->second.first)));
         if (w.payload_bytes != t.work(it->second.first).payload_bytes ||
             w.mem_delta_bytes != w.payload_bytes)
           return InvalidPlan(fmt::format("{}: does not bring back what {} moved out", t.str(i),

@@ -16,6 +16,8 @@ int Directions(const Table& t, OpId i, const std::vector<bool>& spans_nodes) {
     return IsSend(k) ? kEgress : kIngress;
   }
   if (IsCollective(k)) return spans_nodes[t.peer(i)] ? kEgress | kIngress : 0;
+  if (IsCopy(k) && t.peer(i) >= 0 && t.ranks()[t.peer(i)].node != t.ranks()[t.rank(i)].node)
+    return k == OpKind::kOffload ? kEgress : kIngress;  // to another stage's memory and back
   return 0;
 }
 

@@ -135,8 +135,9 @@ std::vector<double> CostModel::Durations(const Table& t) const {
     } else if (IsCollective(k)) {
       auto [n, most, nodes] = groups[t.peer(i)];
       d[i] = CollectiveSeconds(k, w.payload_bytes, n, most, nodes);
-    } else if (IsCopy(k)) {
-      d[i] = CopySeconds(w.payload_bytes);
+    } else if (IsCopy(k)) {  // host memory, or another rank's over NVLink or the NIC
+      d[i] = t.peer(i) < 0 ? CopySeconds(w.payload_bytes)
+                           : P2PSeconds(w.payload_bytes, ranks[t.peer(i)].node == r.node);
     } else if (t.grouped(i)) {  // a gang: its gather-KV runs at the group's tier
       d[i] = ComputeSeconds(w, r.gpus, m.tp, m.ep, m.gpus_per_node, groups[t.peer(i)][2] > 1);
     } else {

@@ -6,8 +6,9 @@
 namespace pipeplan {
 namespace {
 
-constexpr const char* kCatNames[kNumMemCats] = {"weights",  "grads",      "optimizer",    "reserve",
-                                                "act_text", "act_vision", "act_generator"};
+constexpr const char* kCatNames[kNumMemCats] = {"weights",       "grads",    "optimizer",
+                                                "reserve",       "act_text", "act_vision",
+                                                "act_generator", "act_held"};
 
 int ActCat(Module m) {
   switch (m) {
@@ -22,6 +23,8 @@ int ActCat(Module m) {
 
 }  // namespace
 
+static_assert(kActHeld == kNumMemCats - 1, "MemoryCounters drops act_held as the last");
+
 const char* MemCatName(int cat) {
   return kCatNames[cat];
 }
@@ -29,12 +32,19 @@ const char* MemCatName(int cat) {
 std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const MemoryOptions& o,
                                       bool with_curves) {
   std::vector<RankMemory> out(t.num_ranks());
+  enum Where : uint8_t { kDevice, kHost, kHeld };  // whose bytes an event moves
   struct Event {
     double time;
     OpId op;
-    bool host;
+    Where where;
   };
   std::vector<Event> events;
+  // Remote copies, by the rank that holds their bytes.
+  std::vector<std::vector<Event>> held(t.num_ranks());
+  for (OpId i = 0; i < t.size(); ++i)
+    if (IsCopy(t.kind(i)) && t.peer(i) >= 0)
+      held[t.peer(i)].push_back(
+          {t.kind(i) == OpKind::kOffload ? tl.start[i] : tl.end[i], i, kHeld});
   for (int32_t r = 0; r < t.num_ranks(); ++r) {
     const RankInfo& ri = t.ranks()[r];
     // bf16 weights, fp32 main gradients (sharded with ZeRO-2), fp32 master and two moments
@@ -51,12 +61,13 @@ std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const 
     // Memory effects in time order (ties: sequence order): device effects at the op's end
     // (a RELOAD's at its start), host effects of copies at an OFFLOAD's start and a
     // RELOAD's end.
-    events.clear();
+    events.assign(held[r].begin(), held[r].end());
     for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) {
       const OpKind k = t.kind(i);
       if (t.work(i).mem_delta_bytes != 0)
-        events.push_back({k == OpKind::kReload ? tl.start[i] : tl.end[i], i, false});
-      if (IsCopy(k)) events.push_back({k == OpKind::kOffload ? tl.start[i] : tl.end[i], i, true});
+        events.push_back({k == OpKind::kReload ? tl.start[i] : tl.end[i], i, kDevice});
+      if (IsCopy(k) && t.peer(i) < 0)
+        events.push_back({k == OpKind::kOffload ? tl.start[i] : tl.end[i], i, kHost});
     }
     std::stable_sort(events.begin(), events.end(),
                      [](const Event& a, const Event& b) { return a.time < b.time; });
@@ -71,9 +82,11 @@ std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const 
     record(0);
     for (const Event& e : events) {
       const Work& w = t.work(e.op);
-      if (e.host) {
-        const double bytes = t.kind(e.op) == OpKind::kOffload ? w.payload_bytes : -w.payload_bytes;
-        host = std::max(0.0, host + bytes);
+      const double copied = t.kind(e.op) == OpKind::kOffload ? w.payload_bytes : -w.payload_bytes;
+      if (e.where == kHost) {
+        host = std::max(0.0, host + copied);
+      } else if (e.where == kHeld) {
+        cur[kActHeld] = std::max(0.0, cur[kActHeld] + copied);
       } else {
         int cat = ActCat(t.module(e.op));
         cur[cat] = std::max(0.0, cur[cat] + w.mem_delta_bytes);
@@ -88,18 +101,22 @@ std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const 
 std::vector<CounterTrack> MemoryCounters(const std::vector<RankMemory>& memory) {
   constexpr double kGiB = 1024.0 * 1024 * 1024;
   std::vector<CounterTrack> tracks;
-  bool offloads = false;  // a "host" key only in plans that offload
-  for (const RankMemory& m : memory) offloads = offloads || m.host_peak_bytes > 0;
+  // "host" and "act_held" keys only in plans that offload to host, or to another rank.
+  bool offloads = false, holds = false;
+  for (const RankMemory& m : memory)
+    offloads = offloads || m.host_peak_bytes > 0, holds = holds || m.peak_by_cat[kActHeld] > 0;
   for (size_t r = 0; r < memory.size(); ++r) {
     CounterTrack c;
     c.rank = static_cast<int32_t>(r);
     c.name = "memory GiB";
-    for (int k = 0; k < kNumMemCats; ++k) c.keys.push_back(kCatNames[k]);
+    for (int k = 0; k < kNumMemCats; ++k)
+      if (k != kActHeld || holds) c.keys.push_back(kCatNames[k]);
     c.keys.push_back("total");
     if (offloads) c.keys.push_back("host");  // offloaded activations, outside the total
     for (const MemorySample& s : memory[r].curve) {
       std::vector<double> v(s.bytes.begin(), s.bytes.end());
-      v.push_back(std::accumulate(v.begin(), v.end(), 0.0));
+      if (!holds) v.pop_back();  // act_held, the last category, is 0
+      v.push_back(std::accumulate(s.bytes.begin(), s.bytes.end(), 0.0));
       if (offloads) v.push_back(s.host_bytes);
       for (double& x : v) x /= kGiB;
       c.times_s.push_back(s.time_s);

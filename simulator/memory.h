@@ -2,7 +2,8 @@
 // ZeRO stage) plus activations per module, with lifetimes from the timeline: an op's
 // mem_delta_bytes applies when it ends, a RELOAD's when it starts (its buffer is allocated
 // before the copy). Host memory holds what OFFLOADs copied out, from the OFFLOAD's start
-// to the end of its RELOAD.
+// to the end of its RELOAD; a remote OFFLOAD's bytes are held in its peer rank's device
+// memory (act_held) over the same interval.
 #pragma once
 
 #include <array>
@@ -29,6 +30,7 @@ enum MemCat {
   kActText,
   kActVision,
   kActGenerator,
+  kActHeld,  // activations this rank holds for another (remote offload)
   kNumMemCats
 };
 const char* MemCatName(int cat);

@@ -130,13 +130,15 @@ Metrics ComputeMetrics(const Table& t, const Timeline& tl, const std::vector<dou
       rm.host_peak_bytes = mem.host_peak_bytes;
       node_host[t.ranks()[r].node] += mem.host_peak_bytes * t.ranks()[r].gpus;
       m.host_peak_bytes = std::max(m.host_peak_bytes, mem.host_peak_bytes);
+      m.held_peak_bytes = std::max(m.held_peak_bytes, mem.peak_by_cat[kActHeld]);
     }
     busy_total += rm.busy_s;
     m.lower_bound_s = std::max(m.lower_bound_s, rm.busy_s);
     if (rm.oom && m.oom_detail.empty() && r < static_cast<int32_t>(memory.size())) {
       m.oom_detail = fmt::format("rank {} at {:.4g} s:", r, memory[r].peak_time_s);
       for (int c = 0; c < kNumMemCats; ++c)
-        m.oom_detail += fmt::format(" {} {:.2f} GiB", MemCatName(c), memory[r].at_peak[c] / kGiB);
+        if (c != kActHeld || memory[r].at_peak[c] > 0)  // held: only where a rank holds some
+          m.oom_detail += fmt::format(" {} {:.2f} GiB", MemCatName(c), memory[r].at_peak[c] / kGiB);
     }
     m.peak_memory_bytes = std::max(m.peak_memory_bytes, rm.peak_memory_bytes);
     m.oom = m.oom || rm.oom;
@@ -215,6 +217,7 @@ nlohmann::json MetricsJson(const Metrics& m) {
           {"host_peak_bytes", m.host_peak_bytes},
           {"node_host_peak_bytes", m.node_host_peak_bytes},
           {"node_host_bytes", m.node_host_bytes},
+          {"held_peak_bytes", m.held_peak_bytes},
           {"host_oom", m.host_oom},
           {"copy_seconds", m.copy_seconds},
           {"copy_exposed_s", m.copy_exposed_s}};
@@ -242,13 +245,17 @@ std::string MetricsText(const Metrics& m) {
                    m.peak_memory_bytes / kGiB, m.hbm_bytes / kGiB,
                    m.oom ? "  ** OUT OF MEMORY **" : "");
   if (!m.oom_detail.empty()) s += fmt::format("  out of memory on {}\n", m.oom_detail);
-  if (m.copy_seconds > 0) {
+  if (m.host_peak_bytes > 0)
     s += fmt::format(
         "host memory      {:.2f} GiB per GPU offloaded at peak; up to {:.2f} of {:.2f} "
         "GiB per node{}\n",
         m.host_peak_bytes / kGiB, m.node_host_peak_bytes / kGiB, m.node_host_bytes / kGiB,
         m.host_oom ? "  ** OUT OF HOST MEMORY **" : "");
-    s += fmt::format("host copies      {:.4g} s on the busiest rank (offload + reload)",
+  if (m.held_peak_bytes > 0)
+    s += fmt::format("held for others  {:.2f} GiB per GPU at most on one rank (remote offload)\n",
+                     m.held_peak_bytes / kGiB);
+  if (m.copy_seconds > 0) {
+    s += fmt::format("offload copies   {:.4g} s on the busiest rank (offload + reload)",
                      m.copy_seconds);
     if (m.copy_exposed_s >= 0)
       s += fmt::format("; the step waits {:.4g} s for them", m.copy_exposed_s);

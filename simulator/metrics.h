@@ -47,6 +47,7 @@ struct Metrics {
   double host_peak_bytes = 0;       // max over ranks, per GPU
   double node_host_peak_bytes = 0;  // max over nodes
   double node_host_bytes = 0;       // capacity per node
+  double held_peak_bytes = 0;       // remote offload: most a rank holds for another, per GPU
   bool host_oom = false;
   // step - the step of the same plan with instant copies: the time the step waits on them.
   double copy_exposed_s = -1;
