@@ -466,15 +466,25 @@ Tensor* CpuBackend::Slice(OpId op, size_t* offset, size_t* length) {
   return &all;
 }
 
+namespace {
+
+// Parameters' all-gathers and Muon's exchanges carry nothing numeric here: the check
+// compares gradients, and the optimizer step does not run.
+bool NothingNumeric(const Table& t, OpId op) {
+  return t.kind(op) == OpKind::kAllGather || t.module(op) == Module::kOptimizer;
+}
+
+}  // namespace
+
 StatusOr<Tensor> CpuBackend::Contribution(OpId op) {
-  if (t_.kind(op) == OpKind::kAllGather) return Tensor{};  // parameters: nothing numeric here
+  if (NothingNumeric(t_, op)) return Tensor{};
   size_t off, len;
   Tensor* all = Slice(op, &off, &len);
   return Tensor(all->begin() + off, all->begin() + off + len);
 }
 
 Status CpuBackend::Reduced(OpId op, Tensor sum) {
-  if (t_.kind(op) == OpKind::kAllGather) return Status::Ok();
+  if (NothingNumeric(t_, op)) return Status::Ok();
   size_t off, len;
   Tensor* all = Slice(op, &off, &len);
   if (sum.size() != len) return Internal("reduced gradient has the wrong size");

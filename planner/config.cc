@@ -453,6 +453,16 @@ void ReadTraining(MapReader m, TrainingConfig* c) {
   m.Bool({"sequence_parallel"}, &c->sequence_parallel);
   m.Enum({"precision"}, &c->precision, kPrecisionNames);
   m.Enum({"grad_reduce_dtype"}, &c->grad_reduce_dtype, kGradDtypeNames);
+  constexpr std::string_view kOptimizerNames[] = {"adam", "muon"};
+  m.Enum({"optimizer"}, &c->muon, kOptimizerNames);
+  constexpr std::string_view kGatherNames[] = {"p2p", "all_gather"};
+  m.Enum({"muon_gather"}, &c->muon_all_gather, kGatherNames);
+  m.Int({"muon_ns_steps"}, &c->muon_ns_steps, 1, false, 100);
+  for (const char* key : {"muon_gather", "muon_ns_steps"})
+    if (m.Has({key}) && !c->muon)
+      return m.ctx()->FailAt(
+          fmt::format("training.{}", key),
+          fmt::format("'training.{}' applies only with 'training.optimizer: muon'", key));
   m.Bool({"overlap_grad_reduce"}, &c->overlap_grad_reduce);
   m.Bool({"overlap_param_gather"}, &c->overlap_param_gather);
   m.Int({"grad_bucket_size", "ddp_bucket_size"}, &c->grad_bucket_size, 1, false, 1 << 30);

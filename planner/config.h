@@ -171,6 +171,12 @@ struct TrainingConfig {
   bool sequence_parallel = true;  // Megatron sequence parallelism with TP
   Precision precision = Precision::kBf16;
   GradDtype grad_reduce_dtype = GradDtype::kFp32;  // dtype of the DP gradient reduction
+  // training.optimizer: adam, or muon for the LLM layers' 2-D weights (the rest stays on
+  // Adam); muon_gather: how each matrix's owner gets it whole for Newton-Schulz (p2p: only
+  // the matrices it owns, and their updates back; all_gather: the whole buffer everywhere).
+  bool muon = false;
+  bool muon_all_gather = false;
+  int muon_ns_steps = 5;
   // Megatron's overlap_grad_reduce: gradients reduced in buckets of `grad_bucket_size`
   // parameters as the last micro-batch's backward produces them; overlap_param_gather: the
   // ZeRO parameter all-gather of the next step runs under the forward, per bucket.

@@ -158,7 +158,16 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
     }
     flush();
     for (const ModalitySync* m : mine) modality_op(*m, m->reduce, m->reduce_work, &out);
+    const bool muon = sync && !works.muon_gather.empty();
+    auto muon_op = [&](int bucket) {
+      out.push_back({OpKey{r, works.muon_kind, Module::kOptimizer, -1, -1, -1, dp_group_of_stage[s],
+                           bucket > 0 ? bucket : -1},
+                     works.muon_gather[s],
+                     CollectiveTag(works.muon_kind, Module::kOptimizer, -1, bucket)});
+    };
+    if (muon) muon_op(0);
     out.push_back({OpKey{r, OpKind::kOptStep, Module::kOptimizer}, works.opt_step[s]});
+    if (muon && works.muon_kind == OpKind::kAllToAll) muon_op(1);  // the updates back
     if (gather && !works.gather_first) gathers(&out);
     for (const ModalitySync* m : mine)
       if (!m->gather_first && m->gather_work >= 0)
@@ -404,6 +413,12 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
           last_backward.push_back({mc, h});
         else
           last->second = h;
+      } else if (IsCollective(k.kind) && k.module == Module::kOptimizer) {
+        // Muon's gather precedes the optimizer step; its updates sent back follow it.
+        if (opt_step != UINT32_MAX)
+          b->AddDep(h, opt_step);
+        else
+          grad_collectives.push_back(h);
       } else if (k.kind == OpKind::kOptStep) {
         opt_step = h;
         for (TableBuilder::Handle c : grad_collectives) b->AddDep(h, c);

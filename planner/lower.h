@@ -59,6 +59,11 @@ struct GradSyncWorks {
   // overlap_param_gather: the all-gathers open the step (they fetch the parameters the
   // previous step's optimizer updated) and each chunk's first forward waits for its own.
   bool gather_first = false;
+  // Muon (per pp rank; empty: Adam or dp 1): its gather before the optimizer step, over the
+  // DP group, of kind muon_kind; an all-to-all (targeted p2p) also sends the updates back
+  // after the step.
+  std::vector<WorkId> muon_gather;
+  OpKind muon_kind = OpKind::kAllToAll;
 };
 
 // Up to 64 buckets per chunk (tag bits); a bucket is at least one layer.

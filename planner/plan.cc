@@ -526,15 +526,36 @@ StatusOr<Table> PlanOnce(const Config& c) {
   for (int s = 0; s < p.pp; ++s) {
     // Adam over the parameters whose optimizer states the GPU holds: reads grad, master,
     // two moments, writes them and the bf16 weight: about 34 bytes and 10 FLOPs each.
+    const double text_shard = c.training.zero_stage >= 1 ? ranks[s].state_shard[0] : 1;
     double params = 0;
     for (int m = 0; m < 3; ++m)
       params += ranks[s].params[m] / (c.training.zero_stage >= 1 ? ranks[s].state_shard[m] : 1);
+    MuonCost muon;
+    if (c.training.muon)
+      for (int ch = 0; ch < shape.vp; ++ch) {
+        const MuonCost one = MuonOfStage(c, p.stages[shape.global(ch, s)]);
+        muon.params_per_gpu += one.params_per_gpu, muon.ns_flops_per_gpu += one.ns_flops_per_gpu;
+      }
+    // Muon: the momentum update (read gradient and momentum, write momentum: 12 bytes per
+    // parameter) and the update applied (read master, write it and the bf16 weight: 10) over
+    // the GPU's shard, plus Newton-Schulz (bf16 GEMMs) on the matrices it owns; the cp GPUs
+    // of a rank hold the same matrices and split their owners.
+    const double on_muon = muon.params_per_gpu / text_shard;
     Work opt;
-    opt.hbm_bytes = 34 * params;
-    opt.flops = 10 * params * p.tp * p.cp;
+    opt.hbm_bytes = 34 * (params - on_muon) + 22 * on_muon;
+    opt.flops = 10 * params * p.tp * p.cp + muon.ns_flops_per_gpu * p.tp;
     opt.kernels = 4;
     sync.opt_step.push_back(b.AddWork(opt));
+    if (c.training.muon && p.dp > 1) {
+      // Each owner needs its matrices whole: the fp32 momentum-updated gradients of the
+      // GPU's shards, all of them on every GPU (all_gather), or (p2p) only those it owns
+      // (a 1/dp share: an all-to-all over the DP group) and their updates sent back.
+      Work gather;
+      gather.payload_bytes = 4 * muon.params_per_gpu / (c.training.muon_all_gather ? 1 : p.dp);
+      sync.muon_gather.push_back(b.AddWork(gather));
+    }
   }
+  sync.muon_kind = c.training.muon_all_gather ? OpKind::kAllGather : OpKind::kAllToAll;
   Work p2p;
   p2p.payload_bytes = tw.p2p_bytes;
   if (tw.p2p_gather_bytes > 0) p2p.tp_bytes = tw.p2p_gather_bytes, p2p.tp_calls = 1;

@@ -309,6 +309,33 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
   return w;
 }
 
+MuonCost MuonOfStage(const Config& c, const StageSpan& span) {
+  const LlmConfig& l = c.model.llm;
+  const ParallelConfig& p = c.parallel;
+  const double h = l.hidden, q = static_cast<double>(l.heads) * l.head_dim;
+  const double kv = static_cast<double>(l.kv_heads) * l.head_dim, up = l.gated_ffn ? 2 : 1;
+  MuonCost m;
+  // `held`: the fraction of one m x n matrix a GPU holds (a count for whole experts).
+  auto add = [&](double rows, double cols, double held) {
+    const double lo = std::min(rows, cols), hi = std::max(rows, cols);
+    m.params_per_gpu += held * rows * cols;
+    m.ns_flops_per_gpu +=
+        held * c.training.muon_ns_steps * (4 * lo * lo * hi + 2 * lo * lo * lo) / p.dp;
+  };
+  for (int layer = span.layer_begin; layer < span.layer_end; ++layer) {
+    add(h, q + 2 * kv, 1.0 / p.tp);  // fused QKV
+    add(q, h, 1.0 / p.tp);
+    if (IsMoeLayer(l, layer)) {
+      const double fe = l.moe.expert_ffn;
+      for (double held : {double(l.moe.experts) / p.ep, double(l.moe.shared_experts) / p.tp})
+        add(h, up * fe, held), add(fe, h, held);
+    } else {
+      add(h, up * l.ffn, 1.0 / p.tp), add(l.ffn, h, 1.0 / p.tp);
+    }
+  }
+  return m;
+}
+
 TextWorkload BuildTextWorkload(const Config& c) {
   return BuildTextWorkload(c, PlacementOf(c.schedule.pipeline));
 }

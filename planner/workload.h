@@ -73,6 +73,19 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc,
 // Chunks in global stage order; `placement` maps them to pipeline ranks (whose recompute
 // mode applies).
 TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement);
+
+// Muon over the LLM layers' 2-D weights of a stage (per GPU): the parameters it updates
+// (attention's fused QKV and output projections, the FFN's or experts' two matrices; the
+// router, norms, embedding and output layer stay on Adam) and the Newton-Schulz FLOPs of
+// the matrices it owns. Newton-Schulz (Jordan et al. 2024, Moonlight: Liu et al. 2025) runs
+// `muon_ns_steps` quintic iterations on the whole m x n matrix (m <= n): X X^T (2 m^2 n),
+// b A + c A^2 (2 m^3), B X (2 m^2 n). Each matrix is owned by one of the GPUs that hold a
+// shard of it, the owners spread evenly: a GPU's share is the fraction of each matrix it
+// holds divided by the dp replicas that hold the same.
+struct MuonCost {
+  double params_per_gpu = 0, ns_flops_per_gpu = 0;
+};
+MuonCost MuonOfStage(const Config& c, const StageSpan& span);
 // The same with the placement of the config's schedule.
 TextWorkload BuildTextWorkload(const Config& c);
 

@@ -1,0 +1,97 @@
+// training.optimizer: muon — Newton-Schulz FLOPs, the gather of each matrix for its owner
+// (targeted p2p or a naive all-gather), and their place in the plan.
+#include <doctest/doctest.h>
+
+#include "executor/check.h"
+#include "helpers.h"
+#include "planner/plan.h"
+#include "planner/validate.h"
+#include "planner/workload.h"
+#include "simulator/metrics.h"
+
+using namespace pipeplan;
+using namespace pipeplan::test;
+
+namespace {
+
+// SmallConfig's model: hidden 256 (4 heads of 64, as many KV heads), gated FFN of 1024, 2
+// layers per chunk; 1F1B over 4 stages, 4 micro-batches, dp 2, tp 1.
+Config Muon(std::vector<std::string> sets = {}) {
+  sets.push_back("training.optimizer=muon");
+  return SmallConfig(PipelineKind::k1F1B, 4, 1, 4, 2, sets);
+}
+
+std::vector<OpId> Ops(const Table& t, int32_t rank, Module module) {
+  std::vector<OpId> out;
+  for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i)
+    if (t.module(i) == module) out.push_back(i);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("muon: Newton-Schulz FLOPs and parameters of a stage, by hand") {
+  const Config c = Muon();
+  const MuonCost m = MuonOfStage(c, c.parallel.stages[0]);
+  // Per layer, (m, n) with m <= n and 5 steps of 4 m^2 n + 2 m^3: fused QKV 256 x 768,
+  // output 256 x 256, FFN up (gate and up fused) 256 x 2048, down 1024 x 256 (m = 256).
+  auto ns = [](double lo, double hi) { return 5 * (4 * lo * lo * hi + 2 * lo * lo * lo); };
+  const double per_layer = ns(256, 768) + ns(256, 256) + ns(256, 2048) + ns(256, 1024);
+  CHECK(m.ns_flops_per_gpu == doctest::Approx(2 * per_layer / 2));  // 2 layers, dp 2 owners
+  CHECK(m.params_per_gpu == 2 * (256 * 768 + 256 * 256 + 256 * 2048 + 1024 * 256));
+}
+
+TEST_CASE("muon: the owners' gather, targeted or naive, around the optimizer step") {
+  const Config p2p = Muon(), naive = Muon({"training.muon_gather=all_gather"});
+  const Config adam = SmallConfig(PipelineKind::k1F1B, 4, 1, 4, 2);
+  const Table tp = Plan(p2p), tn = Plan(naive), ta = Plan(adam);
+  REQUIRE(ValidatePlan(tp).ok());
+  REQUIRE(ValidatePlan(tn).ok());
+  const double params = MuonOfStage(p2p, p2p.parallel.stages[0]).params_per_gpu;
+  // p2p: an all-to-all of the 1/dp share it owns (fp32), the step, the updates back.
+  const std::vector<OpId> a = Ops(tp, 0, Module::kOptimizer);
+  REQUIRE(a.size() == 3);
+  CHECK(tp.kind(a[0]) == OpKind::kAllToAll);
+  CHECK(tp.kind(a[1]) == OpKind::kOptStep);
+  CHECK(tp.kind(a[2]) == OpKind::kAllToAll);
+  CHECK(tp.work(a[0]).payload_bytes == 4 * params / 2);
+  CHECK(std::find(tp.deps(a[1]).begin(), tp.deps(a[1]).end(), a[0]) != tp.deps(a[1]).end());
+  CHECK(std::find(tp.deps(a[2]).begin(), tp.deps(a[2]).end(), a[1]) != tp.deps(a[2]).end());
+  // all_gather: the whole buffer before the step, nothing after.
+  const std::vector<OpId> g = Ops(tn, 0, Module::kOptimizer);
+  REQUIRE(g.size() == 2);
+  CHECK(tn.kind(g[0]) == OpKind::kAllGather);
+  CHECK(tn.work(g[0]).payload_bytes == 4 * params);
+  // The step: Adam's 34 bytes per parameter become 22 on the Muon ones, plus Newton-Schulz
+  // (ZeRO-1 over dp 2: the GPU updates half of its parameters).
+  const std::vector<OpId> o = Ops(ta, 0, Module::kOptimizer);
+  const Work &muon_step = tp.work(a[1]), &adam_step = ta.work(o.back());
+  CHECK(adam_step.hbm_bytes - muon_step.hbm_bytes == doctest::Approx(12 * params / 2));
+  CHECK(muon_step.flops - adam_step.flops ==
+        doctest::Approx(MuonOfStage(p2p, p2p.parallel.stages[0]).ns_flops_per_gpu));
+  // Times (one node, NVLink): 8 us + (n - 1) / n x bytes / (450 GB/s x 0.80); the naive
+  // gather moves dp times the bytes of the targeted one, which also sends them back.
+  auto r = RunSimulation(tp, SimOptionsFor(p2p));
+  auto n = RunSimulation(tn, SimOptionsFor(naive));
+  REQUIRE(r.ok());
+  REQUIRE(n.ok());
+  CHECK(r->durations[a[0]] == doctest::Approx(8e-6 + 0.5 * 4 * params / 2 / (450e9 * 0.8)));
+  CHECK(n->durations[g[0]] == doctest::Approx(8e-6 + 0.5 * 4 * params / (450e9 * 0.8)));
+  // The tiny model's check still passes (the exchanges carry nothing it compares).
+  Timeline tl;
+  auto run = RunCpuLocal(tp, RunOptions{}, true, &tl);
+  REQUIRE_MESSAGE(run.ok(), run.status().message());
+  CHECK(run->passed());
+}
+
+TEST_CASE("muon: its keys need training.optimizer: muon") {
+  const Config plain = SmallConfig(PipelineKind::k1F1B, 4, 1, 4, 2);
+  auto doc = YamlDoc::FromString("cfg.yaml", plain.resolved_yaml);
+  REQUIRE(doc.ok());
+  REQUIRE(doc->ApplySet("training.muon_gather=all_gather").ok());
+  auto bad = ParseConfig(std::move(*doc));
+  REQUIRE(!bad.ok());
+  CHECK(bad.status().message().find(
+            "'training.muon_gather' applies only with 'training.optimizer: muon'") !=
+        std::string::npos);
+}
