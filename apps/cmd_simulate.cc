@@ -1,4 +1,5 @@
-// pipeplan simulate CONFIG|PLAN [--set K=V]... [--json] [--trace FILE] [--cost real|unit]
+// pipeplan simulate CONFIG|PLAN [--set K=V]... [--json] [--trace FILE] [--memory-timeline FILE]
+// [--cost real|unit]
 #include <fmt/format.h>
 
 #include <memory>
@@ -6,6 +7,7 @@
 #include "apps/common.h"
 #include "core/chrome_trace.h"
 #include "core/files.h"
+#include "core/trace_lanes.h"
 #include "planner/plan.h"
 #include "planner/yaml_doc.h"
 
@@ -13,7 +15,7 @@ namespace pipeplan {
 
 Command MakeSimulateCommand() {
   struct Options {
-    std::string input, trace, cost = "real", calibration;
+    std::string input, trace, cost = "real", calibration, memory_timeline;
     std::vector<std::string> sets;
     std::vector<int32_t> trace_ranks, trace_dp;
     bool json = false;
@@ -27,9 +29,14 @@ Command MakeSimulateCommand() {
     app->add_option("--trace", o->trace,
                     "write a trace: Chrome JSON (.json, .json.gz), or Perfetto protobuf "
                     "(.pftrace, .pftrace.gz)");
-    app->add_option("--trace-ranks", o->trace_ranks, "limit the trace to these ranks")
+    app->add_option("--memory-timeline", o->memory_timeline,
+                    "write each rank's memory at every op with a memory effect (JSON), by "
+                    "category, device total and host");
+    app->add_option("--trace-ranks", o->trace_ranks,
+                    "limit the trace (and the memory timeline) to these ranks")
         ->delimiter(',');
-    app->add_option("--trace-dp", o->trace_dp, "limit the trace to these DP replicas")
+    app->add_option("--trace-dp", o->trace_dp,
+                    "limit the trace (and the memory timeline) to these DP replicas")
         ->delimiter(',');
     app->add_option("--calibration", o->calibration,
                     "a calibration file written by compare --calibrate");
@@ -57,7 +64,7 @@ Command MakeSimulateCommand() {
         return Report(InvalidInput(
             fmt::format("--trace-dp {}: the plan has replicas 0..{}", d, in->table.meta().dp - 1)));
     SimOptions so = SimOptionsFor(in->config, o->cost == "unit");
-    so.memory_curves = !o->trace.empty();
+    so.memory_curves = !o->trace.empty() || !o->memory_timeline.empty();
     auto sim = RunSimulation(in->table, so);
     if (!sim.ok()) return Report(sim.status());
     if (!o->trace.empty()) {
@@ -68,6 +75,13 @@ Command MakeSimulateCommand() {
               WriteTrace(o->trace, in->table, sim->timeline, MemoryCounters(sim->memory), to);
           !s.ok())
         return Report(s);
+    }
+    if (!o->memory_timeline.empty()) {
+      TraceOptions to;
+      to.ranks = o->trace_ranks, to.dp_replicas = o->trace_dp;
+      const nlohmann::json j =
+          MemoryTimelineJson(in->table, sim->memory, trace::IncludedRanks(in->table, to));
+      if (Status s = WriteFileAtomic(o->memory_timeline, DumpJson(j)); !s.ok()) return Report(s);
     }
     if (o->json) {
       nlohmann::json j = MetricsJson(sim->metrics);

@@ -72,14 +72,14 @@ std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const 
     std::stable_sort(events.begin(), events.end(),
                      [](const Event& a, const Event& b) { return a.time < b.time; });
     double host = 0;
-    auto record = [&](double time) {
+    auto record = [&](double time, OpId op) {
       double total = std::accumulate(cur.begin(), cur.end(), 0.0);
       for (int c = 0; c < kNumMemCats; ++c) rm.peak_by_cat[c] = std::max(rm.peak_by_cat[c], cur[c]);
       if (total > rm.peak_bytes) rm.peak_bytes = total, rm.peak_time_s = time, rm.at_peak = cur;
       rm.host_peak_bytes = std::max(rm.host_peak_bytes, host);
-      if (with_curves) rm.curve.push_back({time, cur, host});
+      if (with_curves) rm.curve.push_back({time, cur, host, op});
     };
-    record(0);
+    record(0, UINT32_MAX);
     for (const Event& e : events) {
       const Work& w = t.work(e.op);
       const double copied = t.kind(e.op) == OpKind::kOffload ? w.payload_bytes : -w.payload_bytes;
@@ -91,7 +91,7 @@ std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const 
         int cat = ActCat(t.module(e.op));
         cur[cat] = std::max(0.0, cur[cat] + w.mem_delta_bytes);
       }
-      record(e.time);
+      record(e.time, e.op);
     }
     rm.oom = o.hbm_bytes > 0 && rm.peak_bytes > o.hbm_bytes;
   }
@@ -125,6 +125,32 @@ std::vector<CounterTrack> MemoryCounters(const std::vector<RankMemory>& memory) 
     tracks.push_back(std::move(c));
   }
   return tracks;
+}
+
+nlohmann::json MemoryTimelineJson(const Table& t, const std::vector<RankMemory>& memory,
+                                  const std::vector<uint8_t>& include) {
+  nlohmann::json keys = nlohmann::json::array();
+  for (int k = 0; k < kNumMemCats; ++k) keys.push_back(kCatNames[k]);
+  keys.push_back("total"), keys.push_back("host");
+  nlohmann::json ranks = nlohmann::json::array();
+  for (size_t r = 0; r < memory.size(); ++r) {
+    if (!include.empty() && !include[r]) continue;
+    nlohmann::json samples = nlohmann::json::array();
+    for (const MemorySample& s : memory[r].curve) {
+      nlohmann::json bytes(s.bytes);
+      bytes.push_back(std::accumulate(s.bytes.begin(), s.bytes.end(), 0.0));
+      bytes.push_back(s.host_bytes);
+      samples.push_back({{"time_s", s.time_s},
+                         {"op", s.op == UINT32_MAX ? "start" : t.str(s.op)},
+                         {"bytes", std::move(bytes)}});
+    }
+    ranks.push_back({{"rank", r},
+                     {"peak_bytes", memory[r].peak_bytes},
+                     {"peak_time_s", memory[r].peak_time_s},
+                     {"host_peak_bytes", memory[r].host_peak_bytes},
+                     {"samples", std::move(samples)}});
+  }
+  return {{"unit", "bytes per GPU"}, {"keys", std::move(keys)}, {"ranks", std::move(ranks)}};
 }
 
 }  // namespace pipeplan

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <array>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "core/chrome_trace.h"
@@ -39,6 +40,7 @@ struct MemorySample {
   double time_s;
   std::array<double, kNumMemCats> bytes;
   double host_bytes;  // offloaded activations in host memory
+  OpId op;            // the op whose effect this is (UINT32_MAX: the step's start)
 };
 
 struct RankMemory {
@@ -56,5 +58,11 @@ std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const 
 
 // Memory curves as Chrome-trace counter tracks ("memory GiB": one key per category + total).
 std::vector<CounterTrack> MemoryCounters(const std::vector<RankMemory>& memory);
+
+// The memory timeline of the ranks `include` marks (empty: all), from their curves: per
+// rank its peak and one sample per op with a memory effect (the op, its time, bytes per
+// category, the device total and host bytes).
+nlohmann::json MemoryTimelineJson(const Table& t, const std::vector<RankMemory>& memory,
+                                  const std::vector<uint8_t>& include);
 
 }  // namespace pipeplan

@@ -2,9 +2,13 @@
 // OFFLOAD / RELOAD ops, their cost, what they save, their validation and their replay.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <nlohmann/json.hpp>
+#include <set>
 
+#include "core/files.h"
 #include "core/table_io.h"
 #include "executor/check.h"
 #include "helpers.h"
@@ -228,4 +232,42 @@ TEST_CASE(
   auto run = RunCpuLocal(t, RunOptions{}, true, &tl);
   REQUIRE_MESSAGE(run.ok(), run.status().message());
   CHECK(run->passed());
+}
+
+TEST_CASE("simulate --memory-timeline: each rank's memory at every op, host included") {
+  const Config c = OneF1B({"training.offload=host", "cluster.hardware.host_link_bw=1e15"});
+  const std::string cfg = fmt::format("/tmp/pipeplan_test_{}_mt.yaml", getpid());
+  const std::string out = fmt::format("/tmp/pipeplan_test_{}_mt.json", getpid());
+  REQUIRE(WriteFileAtomic(cfg, c.resolved_yaml).ok());
+  const RunResult r =
+      RunCli(fmt::format("simulate {} --memory-timeline {} --trace-ranks 0", cfg, out));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  const auto j = nlohmann::json::parse(Slurp(out));
+  std::remove(cfg.c_str());
+  std::remove(out.c_str());
+  REQUIRE(j["ranks"].size() == 1);
+  const auto& keys = j["keys"];
+  REQUIRE(keys.back() == "host");
+  REQUIRE(keys[keys.size() - 2] == "total");
+  const auto& rank = j["ranks"][0];
+  double peak = 0, host_before = 0;
+  int offloads = 0;
+  std::set<std::string> seen;
+  for (const auto& s : rank["samples"]) {
+    const std::vector<double> b = s["bytes"];
+    double sum = 0;
+    for (size_t k = 0; k + 2 < b.size(); ++k) sum += b[k];
+    CHECK(b[b.size() - 2] == doctest::Approx(sum));  // the device total
+    peak = std::max(peak, sum);
+    const std::string op = s["op"];
+    // Host memory grows as an OFFLOAD starts (its first sample; the second, at its end,
+    // frees the device copy).
+    if (op.find("OFFLOAD") != std::string::npos && seen.insert(op).second) {
+      CHECK(b.back() > host_before);
+      ++offloads;
+    }
+    host_before = b.back();
+  }
+  CHECK(offloads == 8);
+  CHECK(rank["peak_bytes"].get<double>() == doctest::Approx(peak));
 }
