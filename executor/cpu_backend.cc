@@ -60,7 +60,8 @@ CpuBackend::CpuBackend(const Table& t, int32_t rank, std::shared_ptr<const TinyM
       stages_(t.meta().pp * t.meta().vp),
       m_(std::move(model)),
       grads_(m_->ZeroGrads()),
-      held_(std::move(held)) {
+      held_(std::move(held)),
+      sent_(m_->ZeroGrads()) {
   for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i) {
     if (t.module(i) != Module::kVision) continue;
     TaskKey key{t.mb(i), t.task(i), t.chunk(i)};
@@ -79,7 +80,7 @@ Status CpuBackend::Compute(OpId op) {
   const Module mod = t_.module(op);
   const OpKind k = t_.kind(op);
   if (k == OpKind::kOptStep) return Status::Ok();  // gradients are what the check compares
-  if (IsCopy(k)) return HostCopy(op);
+  if (IsCopy(k)) return mod == Module::kOptimizer ? GradCopy(op) : HostCopy(op);
   if (mod == Module::kText && k == OpKind::kF) return TextForward(op);
   if (mod == Module::kText && (k == OpKind::kB || k == OpKind::kI)) return TextBackward(op);
   if (mod == Module::kText && k == OpKind::kW) return TextWeightGrad(op);
@@ -116,6 +117,12 @@ bool AnyEmpty(const std::vector<Tensor>& v) {
 }
 
 constexpr const char* kOnHost = "its saved activations are in host memory (no RELOAD ran)";
+
+// A reduction per micro-batch (pipeline ZeRO-2): it contributes what its chunk's gradients
+// gained since the previous one.
+bool PerMicroBatch(const Table& t, OpId op) {
+  return t.module(op) == Module::kText && t.mb(op) >= 0 && IsCollective(t.kind(op));
+}
 
 }  // namespace
 
@@ -167,6 +174,35 @@ Status CpuBackend::HostCopy(OpId op) {
   if (back.size() != slots.size())
     return Internal("the activations it reloads no longer have their places");
   for (size_t k = 0; k < slots.size(); ++k) (*slots[k].first)[slots[k].second] = std::move(back[k]);
+  return Status::Ok();
+}
+
+// OFFLOAD: the reduced gradient of (chunk, micro-batch) leaves the GPU buffer and is added
+// to the chunk's host partition; RELOAD: the partition replaces the chunk's gradients.
+Status CpuBackend::GradCopy(OpId op) {
+  const int chunk = t_.chunk(op);
+  if (t_.kind(op) == OpKind::kOffload) {
+    auto it = grad_buffer_.find({chunk, t_.mb(op)});
+    if (it == grad_buffer_.end()) return Internal("its reduced gradient is not in the buffer");
+    Tensor& host = host_grads_[chunk];
+    if (host.empty()) host.assign(it->second.size(), 0.0);
+    if (host.size() != it->second.size()) return Internal("gradient shards of different sizes");
+    for (size_t k = 0; k < host.size(); ++k) host[k] += it->second[k];
+    grad_buffer_.erase(it);
+    return Status::Ok();
+  }
+  // The chunk's slice: the one its reductions use.
+  OpId reduce = UINT32_MAX;
+  for (OpId i = t_.rank_begin(rank_); i < t_.rank_end(rank_) && reduce == UINT32_MAX; ++i)
+    if (PerMicroBatch(t_, i) && IsCollective(t_.kind(i)) && t_.chunk(i) == chunk) reduce = i;
+  auto it = host_grads_.find(chunk);
+  if (reduce == UINT32_MAX || it == host_grads_.end())
+    return Internal("no gradient of its chunk was offloaded");
+  size_t off, len;
+  Tensor* all = Slice(reduce, &off, &len);
+  if (it->second.size() != len) return Internal("the host partition has the wrong size");
+  std::copy(it->second.begin(), it->second.end(), all->begin() + off);
+  host_grads_.erase(it);
   return Status::Ok();
 }
 
@@ -480,7 +516,12 @@ StatusOr<Tensor> CpuBackend::Contribution(OpId op) {
   if (NothingNumeric(t_, op)) return Tensor{};
   size_t off, len;
   Tensor* all = Slice(op, &off, &len);
-  return Tensor(all->begin() + off, all->begin() + off + len);
+  Tensor mine(all->begin() + off, all->begin() + off + len);
+  if (PerMicroBatch(t_, op)) {
+    Tensor& sent = sent_.of(Module::kText);
+    for (size_t k = 0; k < len; ++k) mine[k] -= sent[off + k], sent[off + k] += mine[k];
+  }
+  return mine;
 }
 
 Status CpuBackend::Reduced(OpId op, Tensor sum) {
@@ -488,6 +529,10 @@ Status CpuBackend::Reduced(OpId op, Tensor sum) {
   size_t off, len;
   Tensor* all = Slice(op, &off, &len);
   if (sum.size() != len) return Internal("reduced gradient has the wrong size");
+  if (PerMicroBatch(t_, op)) {  // into the GPU's buffer, until its OFFLOAD
+    grad_buffer_[{t_.chunk(op), t_.mb(op)}] = std::move(sum);
+    return Status::Ok();
+  }
   std::copy(sum.begin(), sum.end(), all->begin() + off);
   return Status::Ok();
 }

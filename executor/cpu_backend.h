@@ -51,6 +51,7 @@ class CpuBackend : public Backend {
   StatusOr<Tensor> VisionOutputGradient(OpId op);  // from the consumer (or this rank)
   Status GeneratorShard(OpId op);
   Status HostCopy(OpId op);  // OFFLOAD or RELOAD
+  Status GradCopy(OpId op);  // pipeline ZeRO-2: a gradient shard to its host partition or back
   // The saved tensors of forward op f (its layers' inputs; the projector's input after an
   // encoder's last layer) as (stack, index) pairs.
   std::vector<std::pair<std::vector<Tensor>*, size_t>> SavedBy(OpId f);
@@ -83,6 +84,12 @@ class CpuBackend : public Backend {
   // stay, empty, until the RELOAD moves them back).
   std::map<OpId, std::vector<Tensor>> host_;
   std::shared_ptr<HeldActivations> held_;
+  // Pipeline ZeRO-2: what each micro-batch's reduction has already sent (text gradients),
+  // the reduced gradient of (chunk, micro-batch) in the GPU buffer, each chunk's host
+  // partition.
+  ParamSet sent_;
+  std::map<std::pair<int, int>, Tensor> grad_buffer_;
+  std::map<int, Tensor> host_grads_;
 };
 
 struct Reference {

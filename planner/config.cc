@@ -464,6 +464,8 @@ void ReadTraining(MapReader m, TrainingConfig* c) {
           fmt::format("training.{}", key),
           fmt::format("'training.{}' applies only with 'training.optimizer: muon'", key));
   m.Bool({"overlap_grad_reduce"}, &c->overlap_grad_reduce);
+  constexpr std::string_view kGradPlaceNames[] = {"none", "host"};
+  m.Enum({"grad_offload"}, &c->grad_offload, kGradPlaceNames);
   m.Bool({"overlap_param_gather"}, &c->overlap_param_gather);
   m.Int({"grad_bucket_size", "ddp_bucket_size"}, &c->grad_bucket_size, 1, false, 1 << 30);
   m.Bool({"scatter_gather_p2p", "scatter_gather_tensors_in_pipeline"}, &c->scatter_gather_p2p);
@@ -826,6 +828,19 @@ void CheckConsistency(Config* c, Ctx* ctx) {
                        fmt::format("'training.precision: fp8' needs an FP8 rate; {} has none "
                                    "(set cluster.hardware.fp8_flops)",
                                    c->cluster.spec.name));
+  if (t.grad_offload) {
+    auto fail = [&](const std::string& why) {
+      return ctx->FailAt("training.grad_offload",
+                         fmt::format("'training.grad_offload: host' (pipeline ZeRO-2) {}", why));
+    };
+    if (t.zero_stage != 2) return fail("needs 'training.zero_stage: 2'");
+    if (t.overlap_grad_reduce)
+      return fail("reduces each micro-batch's gradients already; drop overlap_grad_reduce");
+    if (p.dp < 2) return fail("needs data parallelism (dp > 1)");
+    if (t.microbatches >= TrainingConfig::kMaxGradMicroBatches)
+      return fail(
+          fmt::format("takes fewer than {} micro-batches", TrainingConfig::kMaxGradMicroBatches));
+  }
   if (t.overlap_param_gather && (t.zero_stage < 1 || !t.overlap_grad_reduce))
     return ctx->FailAt("training.overlap_param_gather",
                        "overlap_param_gather needs zero_stage >= 1 and overlap_grad_reduce");

@@ -174,6 +174,12 @@ struct TrainingConfig {
   // training.optimizer: adam, or muon for the LLM layers' 2-D weights (the rest stays on
   // Adam); muon_gather: how each matrix's owner gets it whole for Newton-Schulz (p2p: only
   // the matrices it owns, and their updates back; all_gather: the whole buffer everywhere).
+  // training.grad_offload: host (pipeline ZeRO-2 with host gradients): after each
+  // micro-batch's weight gradients a chunk's gradients are reduce-scattered over DP and the
+  // GPU's shard copied into its host partition (accumulated there); the GPU keeps a double
+  // buffer of one chunk's fp32 gradients; the shards come back before the optimizer step.
+  bool grad_offload = false;
+  static constexpr int kMaxGradMicroBatches = 1 << 15;  // per-micro-batch reductions' tags
   bool muon = false;
   bool muon_all_gather = false;
   int muon_ns_steps = 5;

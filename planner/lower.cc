@@ -129,11 +129,20 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
       for (PendingOp& p : pending) out.push_back(std::move(p));
       pending.clear();
     };
+    const bool host_grads = sync && !works.mb_reduce.empty();
     for (const PendingOp& op : seq) {
       if (!IsP2P(op.key.kind)) flush();
       const bool last = sync && weight_grad(op.key) && --backwards_left[op.key.chunk] == 0;
       const int g = shape.global(op.key.chunk, s);
-      if (!last) {
+      if (host_grads && weight_grad(op.key)) {  // pipeline ZeRO-2: every micro-batch's
+        out.push_back(op);
+        const int32_t c = op.key.chunk, mb = op.key.mb;
+        pending.push_back(
+            {OpKey{r, OpKind::kReduceScatter, Module::kText, c, mb, -1, dp_group_of_stage[s]},
+             works.mb_reduce[g], GradTag(c, mb)});
+        pending.push_back(
+            {OpKey{r, OpKind::kOffload, Module::kOptimizer, c, mb}, works.grad_out[g]});
+      } else if (!last) {
         out.push_back(op);
       } else if (buckets) {
         const auto& pieces =
@@ -166,6 +175,10 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
                      CollectiveTag(works.muon_kind, Module::kOptimizer, -1, bucket)});
     };
     if (muon) muon_op(0);
+    if (host_grads)
+      for (int c = 0; c < shape.vp; ++c)
+        out.push_back(
+            {OpKey{r, OpKind::kReload, Module::kOptimizer, c}, works.grad_in[shape.global(c, s)]});
     out.push_back({OpKey{r, OpKind::kOptStep, Module::kOptimizer}, works.opt_step[s]});
     if (muon && works.muon_kind == OpKind::kAllToAll) muon_op(1);  // the updates back
     if (gather && !works.gather_first) gathers(&out);
@@ -371,6 +384,10 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
     TableBuilder::Handle opt_step = UINT32_MAX;
     // Host copies: the last compute op, activations on their way out and back.
     TableBuilder::Handle last_compute = UINT32_MAX;
+    // Pipeline ZeRO-2: the last per-micro-batch reduction, gradient copies per chunk.
+    TableBuilder::Handle last_grad_reduce = UINT32_MAX;
+    std::map<int32_t, std::vector<TableBuilder::Handle>> grad_out;
+    std::vector<TableBuilder::Handle> grad_in;
     std::vector<std::pair<CopyKey, TableBuilder::Handle>> offloaded, reloaded;
     auto take = [](std::vector<std::pair<CopyKey, TableBuilder::Handle>>& v, const CopyKey& key) {
       auto it = std::find_if(v.begin(), v.end(), [&](auto& x) { return x.first == key; });
@@ -390,14 +407,27 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
       const int64_t mc = static_cast<int64_t>(k.module) << 32 | static_cast<uint32_t>(chunk);
       auto last = std::find_if(last_backward.begin(), last_backward.end(),
                                [&](auto& x) { return x.first == mc; });
-      if (IsCopy(k.kind) && last_compute != UINT32_MAX) b->AddDep(h, last_compute);
-      if (k.kind == OpKind::kOffload) {
-        offloaded.push_back({CopyKeyOf(k), h});
-      } else if (k.kind == OpKind::kReload) {
-        const TableBuilder::Handle o = take(offloaded, CopyKeyOf(k));
-        if (o == UINT32_MAX) return Internal(fmt::format("{}: no OFFLOAD before it", FormatOp(k)));
-        b->AddDep(h, o);
-        reloaded.push_back({CopyKeyOf(k), h});
+      if (IsCopy(k.kind) && k.module == Module::kOptimizer) {
+        // Gradient shards (pipeline ZeRO-2): an OFFLOAD after its reduction; a RELOAD after
+        // its chunk's last OFFLOAD; the optimizer step after the RELOADs.
+        if (k.kind == OpKind::kOffload) {
+          if (last_grad_reduce != UINT32_MAX) b->AddDep(h, last_grad_reduce);
+          grad_out[k.chunk].push_back(h);
+        } else {
+          if (!grad_out[k.chunk].empty()) b->AddDep(h, grad_out[k.chunk].back());
+          grad_in.push_back(h);
+        }
+      } else if (IsCopy(k.kind)) {  // saved activations: after the compute op before it
+        if (last_compute != UINT32_MAX) b->AddDep(h, last_compute);
+        if (k.kind == OpKind::kOffload) {
+          offloaded.push_back({CopyKeyOf(k), h});
+        } else {
+          const TableBuilder::Handle o = take(offloaded, CopyKeyOf(k));
+          if (o == UINT32_MAX)
+            return Internal(fmt::format("{}: no OFFLOAD before it", FormatOp(k)));
+          b->AddDep(h, o);
+          reloaded.push_back({CopyKeyOf(k), h});
+        }
       } else if (IsCompute(k.kind)) {
         last_compute = h;
         if (ReadsSaved(k.kind) && !reloaded.empty())
@@ -409,6 +439,10 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
       } else if (IsRecv(k.kind)) {
         recvs.push_back({op.tag, h});
       } else if (k.kind == OpKind::kB || k.kind == OpKind::kW) {
+        // Pipeline ZeRO-2: a chunk's gradient double buffer is free again once the shard of
+        // the weight gradients two micro-batches back is on the host.
+        if (k.module == Module::kText && grad_out[k.chunk].size() >= 2)
+          b->AddDep(h, grad_out[k.chunk][grad_out[k.chunk].size() - 2]);
         if (last == last_backward.end())
           last_backward.push_back({mc, h});
         else
@@ -422,6 +456,7 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
       } else if (k.kind == OpKind::kOptStep) {
         opt_step = h;
         for (TableBuilder::Handle c : grad_collectives) b->AddDep(h, c);
+        for (TableBuilder::Handle c : grad_in) b->AddDep(h, c);
       } else if (k.kind == OpKind::kAllGather && opt_step != UINT32_MAX) {
         b->AddDep(h, opt_step);
       } else if (k.kind == OpKind::kAllGather) {
@@ -438,6 +473,7 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
       } else if (IsCollective(k.kind)) {
         if (last != last_backward.end()) b->AddDep(h, last->second);
         grad_collectives.push_back(h);
+        if (k.mb >= 0) last_grad_reduce = h;  // a per-micro-batch reduction
       }
     }
     RankSeq().swap(seq);  // in the builder now: released as it goes

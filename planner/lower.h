@@ -64,7 +64,18 @@ struct GradSyncWorks {
   // after the step.
   std::vector<WorkId> muon_gather;
   OpKind muon_kind = OpKind::kAllToAll;
+  // Pipeline ZeRO-2 with host gradients (per global stage; empty: off): after every
+  // micro-batch's B or W of a chunk, the chunk's gradients reduce-scattered over DP
+  // (mb_reduce) and the GPU's shard copied to its host partition (grad_out: an optimizer
+  // OFFLOAD); before the optimizer step each chunk's shard copied back (grad_in: RELOAD).
+  // No reduction at the end of the step.
+  std::vector<WorkId> mb_reduce, grad_out, grad_in;
 };
+
+// Tag of a per-micro-batch gradient reduction (bit 31 set; fewer than 2^15 micro-batches).
+inline uint32_t GradTag(int32_t chunk, int32_t mb) {
+  return 0x80000000u | static_cast<uint32_t>(mb) << 16 | static_cast<uint32_t>(chunk + 1);
+}
 
 // Up to 64 buckets per chunk (tag bits); a bucket is at least one layer.
 inline constexpr int kMaxBuckets = 64;

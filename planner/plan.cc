@@ -388,6 +388,7 @@ SimOptions SimOptionsFor(const Config& c, bool unit_costs) {
   o.memory.zero_stage = c.training.zero_stage;
   o.memory.reserve_bytes = c.training.comm_reserve_gb * 1024.0 * 1024 * 1024;
   o.memory.hbm_bytes = c.cluster.spec.hbm_bytes;
+  o.memory.grads_on_host = c.training.grad_offload;
   return o;
 }
 
@@ -496,6 +497,13 @@ StatusOr<Table> PlanOnce(const Config& c) {
     gather.payload_bytes = tw.params_per_gpu[g] * 2;  // bf16 parameters
     sync.reduce.push_back(b.AddWork(reduce));
     sync.gather.push_back(b.AddWork(gather));
+    if (c.training.grad_offload) {  // the same reduction per micro-batch, fp32 shards to host
+      Work shard;
+      shard.payload_bytes = tw.params_per_gpu[g] * 4 / p.dp;
+      sync.mb_reduce.push_back(sync.reduce.back());
+      sync.grad_out.push_back(b.AddWork(shard));
+      sync.grad_in.push_back(sync.grad_out.back());
+    }
   }
   if (c.training.overlap_grad_reduce && p.dp > 1) {
     // Buckets of grad_bucket_size parameters, filled from the last layer backwards, each

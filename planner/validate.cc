@@ -483,9 +483,26 @@ Status CheckHostCopies(const Table& t) {
   };
   for (int32_t r = 0; r < t.num_ranks(); ++r) {
     std::map<Key, std::pair<OpId, OpId>> out;  // key -> (OFFLOAD, RELOAD or UINT32_MAX)
+    std::vector<OpId> grads_back;              // gradient shards' RELOADs not yet waited for
     for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) {
       const OpKind k = t.kind(i);
       const Work& w = t.work(i);
+      if (IsCopy(k) && t.module(i) == Module::kOptimizer) {  // pipeline ZeRO-2 gradients
+        auto deps = t.deps(i);
+        const bool after_reduce = std::any_of(deps.begin(), deps.end(), [&](OpId d) {
+          return t.kind(d) == OpKind::kReduceScatter && t.chunk(d) == t.chunk(i) &&
+                 t.mb(d) == t.mb(i);
+        });
+        if (k == OpKind::kOffload && !after_reduce)
+          return InvalidPlan(
+              fmt::format("{}: copies a gradient shard before its reduction", t.str(i)));
+        if (k == OpKind::kReload) grads_back.push_back(i);
+        continue;
+      }
+      if (k == OpKind::kOptStep)
+        for (OpId g : grads_back)
+          if (std::find(t.deps(i).begin(), t.deps(i).end(), g) == t.deps(i).end())
+            return InvalidPlan(fmt::format("{}: does not wait for {}", t.str(i), t.str(g)));
       if (k == OpKind::kOffload) {
         if (dep_of(i, OpKind::kF) == UINT32_MAX)
           return InvalidPlan(

@@ -50,10 +50,16 @@ std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const 
     // bf16 weights, fp32 main gradients (sharded with ZeRO-2), fp32 master and two moments
     // (sharded with ZeRO >= 1), each over the module's state_shard ranks.
     std::array<double, kNumMemCats> cur{};
+    double host = 0;
     for (int m = 0; m < 3; ++m) {
       const double p = ri.params[m], shard = std::max(1.0, ri.state_shard[m]);
       cur[kWeights] += 2 * p;
-      cur[kGrads] += 4 * p / (o.zero_stage >= 2 ? shard : 1);
+      if (m == 0 && o.grads_on_host) {
+        cur[kGrads] += 2 * 4 * p / std::max(1, t.meta().vp);
+        host += 4 * p / shard;
+      } else {
+        cur[kGrads] += 4 * p / (o.zero_stage >= 2 ? shard : 1);
+      }
       cur[kOptimizer] += 12 * p / (o.zero_stage >= 1 ? shard : 1);
     }
     cur[kReserve] = o.reserve_bytes;
@@ -66,12 +72,11 @@ std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const 
       const OpKind k = t.kind(i);
       if (t.work(i).mem_delta_bytes != 0)
         events.push_back({k == OpKind::kReload ? tl.start[i] : tl.end[i], i, kDevice});
-      if (IsCopy(k) && t.peer(i) < 0)
+      if (IsCopy(k) && t.peer(i) < 0 && t.module(i) != Module::kOptimizer)  // not gradients
         events.push_back({k == OpKind::kOffload ? tl.start[i] : tl.end[i], i, kHost});
     }
     std::stable_sort(events.begin(), events.end(),
                      [](const Event& a, const Event& b) { return a.time < b.time; });
-    double host = 0;
     auto record = [&](double time, OpId op) {
       double total = std::accumulate(cur.begin(), cur.end(), 0.0);
       for (int c = 0; c < kNumMemCats; ++c) rm.peak_by_cat[c] = std::max(rm.peak_by_cat[c], cur[c]);

@@ -20,6 +20,9 @@ struct MemoryOptions {
   int zero_stage = 1;        // 0: none; 1: optimizer states sharded over DP; 2: + gradients
   double reserve_bytes = 0;  // communication buffers and allocator slack, bytes
   double hbm_bytes = 0;      // capacity per GPU, bytes (OOM threshold)
+  // Pipeline ZeRO-2 with host gradients: the LLM's fp32 gradient shard lives in host memory;
+  // the GPU keeps a double buffer of one chunk's full fp32 gradients.
+  bool grads_on_host = false;
 };
 
 // Categories of the memory curve (Chrome trace counters use these names).

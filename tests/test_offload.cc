@@ -271,3 +271,81 @@ TEST_CASE("simulate --memory-timeline: each rank's memory at every op, host incl
   CHECK(offloads == 8);
   CHECK(rank["peak_bytes"].get<double>() == doctest::Approx(peak));
 }
+
+TEST_CASE(
+    "pipeline ZeRO-2 with host gradients: a reduction and a copy per micro-batch, a double "
+    "buffer on the GPU") {
+  auto config = [](PipelineKind kind, int vp, std::vector<std::string> sets) {
+    sets.push_back("training.zero_stage=2");
+    return SmallConfig(kind, 2, vp, 4, 2, sets);
+  };
+  const Config c = config(PipelineKind::kInterleaved1F1B, 2, {"training.grad_offload=host"});
+  const Config plain = config(PipelineKind::kInterleaved1F1B, 2, {});
+  const Table t = Plan(c);
+  REQUIRE(ValidatePlan(t).ok());
+  // Rank 0 (stage 0 of replica 0): per chunk, 4 reductions (one per micro-batch) and as many
+  // shard copies, then one copy back per chunk before the optimizer step.
+  int reduces = 0, out = 0, in = 0;
+  double shard = 0;
+  OpId step = 0;
+  const double params = t.ranks()[0].params[0];  // text parameters per GPU
+  for (OpId i = t.rank_begin(0); i < t.rank_end(0); ++i) {
+    if (t.kind(i) == OpKind::kReduceScatter) {
+      CHECK(t.mb(i) >= 0);  // no reduction at the end of the step
+      ++reduces;
+    }
+    if (t.module(i) == Module::kOptimizer && t.kind(i) == OpKind::kOffload) {
+      ++out;
+      if (t.mb(i) == 0) shard += t.work(i).payload_bytes;
+    }
+    if (t.module(i) == Module::kOptimizer && t.kind(i) == OpKind::kReload) ++in;
+    if (t.kind(i) == OpKind::kOptStep) step = i;
+  }
+  CHECK(reduces == 2 * 4);
+  CHECK(out == 2 * 4);
+  CHECK(shard == doctest::Approx(4 * params / 2));  // fp32, the GPU's 1/dp of both chunks
+  CHECK(in == 2);
+  CHECK(t.deps(step).size() >= 2);
+  // Memory: the GPU keeps two buffers of a chunk's fp32 gradients (2 x 4 x params / vp)
+  // where ZeRO-2 keeps its fp32 shard (4 x params / dp); the shard lives in host memory.
+  auto r = RunSimulation(t, SimOptionsFor(c));
+  auto p = RunSimulation(Plan(plain), SimOptionsFor(plain));
+  REQUIRE(r.ok());
+  REQUIRE(p.ok());
+  CHECK(r->memory[0].peak_by_cat[kGrads] - p->memory[0].peak_by_cat[kGrads] ==
+        doctest::Approx(2 * 4 * params / 2 - 4 * params / 2));
+  CHECK(r->memory[0].host_peak_bytes == doctest::Approx(4 * params / 2));
+  // The tiny model: each micro-batch's reduction carries that micro-batch's gradients, the
+  // host partitions sum them, the copies back give the step's gradients.
+  for (PipelineKind kind : {PipelineKind::k1F1B, PipelineKind::kZbH1, PipelineKind::kGpipe}) {
+    CAPTURE(PipelineName(kind));
+    Timeline tl;
+    auto run =
+        RunCpuLocal(Plan(config(kind, 1, {"training.grad_offload=host"})), RunOptions{}, true, &tl);
+    REQUIRE_MESSAGE(run.ok(), run.status().message());
+    CHECK(run->passed());
+  }
+  Timeline tl;
+  auto run = RunCpuLocal(t, RunOptions{}, true, &tl);
+  REQUIRE_MESSAGE(run.ok(), run.status().message());
+  CHECK(run->passed());
+}
+
+TEST_CASE("pipeline ZeRO-2 with host gradients: errors name the key") {
+  const Config plain = SmallConfig(PipelineKind::k1F1B, 2, 1, 4, 2);
+  auto error = [&](std::vector<std::string> sets) {
+    auto doc = YamlDoc::FromString("cfg.yaml", plain.resolved_yaml);
+    REQUIRE(doc.ok());
+    for (const std::string& s : sets) REQUIRE(doc->ApplySet(s).ok());
+    auto c = ParseConfig(std::move(*doc));
+    REQUIRE(!c.ok());
+    return c.status().message();
+  };
+  CHECK(
+      error({"training.grad_offload=host"})
+          .find("'training.grad_offload: host' (pipeline ZeRO-2) needs 'training.zero_stage: 2'") !=
+      std::string::npos);
+  CHECK(error({"training.grad_offload=host", "training.zero_stage=2",
+               "training.overlap_grad_reduce=true"})
+            .find("drop overlap_grad_reduce") != std::string::npos);
+}
