@@ -45,6 +45,13 @@ schedule: {{pipeline: {}}}
   return ParseYaml(yaml, std::move(sets));
 }
 
+std::vector<OpId> RankOps(const Table& t, int32_t rank, const std::function<bool(OpId)>& keep) {
+  std::vector<OpId> out;
+  for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i)
+    if (keep(i)) out.push_back(i);
+  return out;
+}
+
 Config MultimodalConfig(const std::string& policy, std::vector<std::string> sets) {
   std::string yaml = R"(
 cluster: {gpu: H100, nodes: 1, gpus_per_node: 8}

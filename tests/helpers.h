@@ -1,6 +1,7 @@
 // Test helpers: configs from inline YAML, tables written op by op, running the CLI.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,8 @@ Config SmallConfig(PipelineKind kind, int pp, int vp, int m, int dp = 1,
 Config MultimodalConfig(const std::string& policy, std::vector<std::string> sets = {});
 Config ParseYaml(const std::string& yaml, std::vector<std::string> sets = {});
 Table Plan(const Config& c);
+// Rank r's ops that `keep` selects, in sequence order.
+std::vector<OpId> RankOps(const Table& t, int32_t rank, const std::function<bool(OpId)>& keep);
 
 // Builds a table from per-rank op strings. SEND/RECV are paired in order of appearance by
 // (sender, receiver, direction, micro-batch); collectives get CollectiveTag(kind, chunk).

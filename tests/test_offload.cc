@@ -36,10 +36,7 @@ SimResult Simulated(const Config& c, const Table& t) {
 }
 
 std::vector<OpId> OfKind(const Table& t, int32_t rank, OpKind kind) {
-  std::vector<OpId> out;
-  for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i)
-    if (t.kind(i) == kind) out.push_back(i);
-  return out;
+  return RankOps(t, rank, [&](OpId i) { return t.kind(i) == kind; });
 }
 
 }  // namespace

@@ -22,10 +22,7 @@ Config Muon(std::vector<std::string> sets = {}) {
 }
 
 std::vector<OpId> Ops(const Table& t, int32_t rank, Module module) {
-  std::vector<OpId> out;
-  for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i)
-    if (t.module(i) == module) out.push_back(i);
-  return out;
+  return RankOps(t, rank, [&](OpId i) { return t.module(i) == module; });
 }
 
 }  // namespace
