@@ -720,8 +720,9 @@ StatusOr<Table> PlanOnce(const Config& c) {
 // keeping fewer bytes costs no more (cost order: recompute none < selective < full, then
 // bf16 < fp8: FP8 storage adds only HBM traffic). With fused attention, selective recompute
 // is left out when none is allowed: it keeps only the fp32 log-sum-exp less and recomputes
-// the attention core.
-std::vector<MemoryMode> Ladder(const Config& c, MemoryMode start, bool fused,
+// the attention core. `remote`: the module may lend activations to another stage (the LLM's
+// layers).
+std::vector<MemoryMode> Ladder(const Config& c, MemoryMode start, bool fused, bool remote,
                                const std::function<double(MemoryMode)>& bytes_of) {
   auto cost = [](MemoryMode m) {
     return 2 * static_cast<int>(m.recompute) + static_cast<int>(m.storage);
@@ -746,19 +747,20 @@ std::vector<MemoryMode> Ladder(const Config& c, MemoryMode start, bool fused,
     if (cost(it->second) < cheapest) cheapest = cost(it->second), ladder.push_back(it->second);
   ladder.push_back(start);
   std::reverse(ladder.begin(), ladder.end());
-  // Host offload (when allowed and not already configured): each mode, then the same mode
-  // with its activations offloaded (what offload saves depends on how long they wait for
-  // their backward and how fast the copies run, not on their bytes per token: the
-  // simulation of each candidate tells).
+  // Offload (when allowed and not already configured): each mode, then (the LLM's layers)
+  // the same mode lending its activations to another stage, then the same mode offloaded
+  // to host (what offload saves depends on how long activations wait for their backward,
+  // how fast the copies run and, remote, how much the other stages can hold, not on their
+  // bytes per token: the simulation of each candidate tells).
   for (MemoryMode& m : ladder) m.place = start.place;
-  if (!c.training.memory_offload || start.place == ActPlace::kHost) return ladder;
-  std::vector<MemoryMode> with_host;
+  if (!c.training.memory_offload || start.place != ActPlace::kDevice) return ladder;
+  std::vector<MemoryMode> with_offload;
   for (MemoryMode m : ladder) {
-    with_host.push_back(m);
-    m.place = ActPlace::kHost;
-    with_host.push_back(m);
+    with_offload.push_back(m);
+    for (ActPlace place : {ActPlace::kRemote, ActPlace::kHost})
+      if (place != ActPlace::kRemote || remote) m.place = place, with_offload.push_back(m);
   }
-  return with_host;
+  return with_offload;
 }
 
 // Where each module stands on its ladder: items 0..pp-1 are the pipeline ranks' LLM layers,
@@ -782,15 +784,15 @@ MemoryLevels LevelsOf(const Config& c) {
   for (int r = 0; r < m.pp; ++r)
     m.ladders.push_back(
         Ladder(c, {c.training.RecomputeOf(r), c.training.StorageOf(r), c.training.OffloadOf(r)},
-               flash, text_bytes));
+               flash, true, text_bytes));
   const VisionConfig& v = c.model.vision;
   const GeneratorConfig& g = c.model.generator;
   m.ladders.push_back(
-      Ladder(c, {v.recompute, v.saved_activations, v.offload}, true, [&](MemoryMode mode) {
+      Ladder(c, {v.recompute, v.saved_activations, v.offload}, true, false, [&](MemoryMode mode) {
         return SavedPerToken(mode.recompute, mode.storage, v.hidden, v.mlp, v.heads).kept;
       }));
   m.ladders.push_back(
-      Ladder(c, {g.recompute, g.saved_activations, g.offload}, true, [&](MemoryMode mode) {
+      Ladder(c, {g.recompute, g.saved_activations, g.offload}, true, false, [&](MemoryMode mode) {
         return SavedPerToken(mode.recompute, mode.storage, g.hidden, g.mlp, g.heads).kept;
       }));
   m.at.assign(m.ladders.size(), 0);
@@ -964,7 +966,7 @@ StatusOr<Table> BuildPlan(const Config& c, MemoryChoice* choice) {
 std::string MemoryModeName(MemoryMode m) {
   std::string name(RecomputeName(m.recompute));
   if (m.storage == ActStorage::kFp8) name += "+fp8";
-  if (m.place == ActPlace::kHost) name += "+host";
+  if (m.place != ActPlace::kDevice) name += fmt::format("+{}", ActPlaceName(m.place));
   return name;
 }
 

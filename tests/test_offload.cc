@@ -346,3 +346,30 @@ TEST_CASE("pipeline ZeRO-2 with host gradients: errors name the key") {
                "training.overlap_grad_reduce=true"})
             .find("drop overlap_grad_reduce") != std::string::npos);
 }
+
+TEST_CASE("memory: auto lends a stage's activations to another before it offloads to host") {
+  // Interleaved 1F1B, no recompute: stage 0 peaks highest; HBM just below its peak.
+  auto config = [](std::vector<std::string> sets) {
+    sets.push_back("training.seq_length=4096");
+    return SmallConfig(PipelineKind::kInterleaved1F1B, 4, 2, 8, 1, sets);
+  };
+  const Config base = config({});
+  auto p = RunSimulation(Plan(base), SimOptionsFor(base));
+  REQUIRE(p.ok());
+  std::vector<double> peak;
+  for (const RankMemory& m : p->memory) peak.push_back(m.peak_bytes);
+  const size_t top = std::max_element(peak.begin(), peak.end()) - peak.begin();
+  std::vector<double> rest = peak;
+  rest.erase(rest.begin() + top);
+  const double hbm = (peak[top] + *std::max_element(rest.begin(), rest.end())) / 2;
+  const Config c = config({"training.memory=auto", "training.memory_policies=[offload]",
+                           fmt::format("cluster.hardware.hbm_bytes={}", hbm)});
+  MemoryChoice choice;
+  auto t = BuildPlan(c, &choice);
+  REQUIRE_MESSAGE(t.ok(), t.status().message());
+  CHECK(choice.fits);
+  CHECK(choice.peak_bytes <= hbm);
+  // The ladder after no recompute: remote (the first rung), for the stage over HBM only.
+  for (size_t r = 0; r < peak.size(); ++r)
+    CHECK(MemoryModeName(choice.text[r]) == (r == top ? "none+remote" : "none"));
+}
