@@ -82,6 +82,11 @@ StatusOr<std::vector<std::unique_ptr<Backend>>> MakeCudaBackends(const Table& t)
   RETURN_IF_ERROR(Check(cudadev::Pool::Create(t.num_ranks(), dim,
                                               std::min<size_t>(payload, size_t{1} << 30), &pool)));
   RETURN_IF_ERROR(Check(pool->Warmup({dims.begin(), dims.end()})));
+  for (OpId i = 0; i < t.size(); ++i)
+    if (IsCopy(t.kind(i)) && t.peer(i) < 0) {  // host copies: pinned memory before the clock
+      RETURN_IF_ERROR(Check(pool->PinHost()));
+      break;
+    }
   std::shared_ptr<cudadev::Pool> shared = std::move(pool);
   std::vector<std::unique_ptr<Backend>> out;
   for (int32_t r = 0; r < t.num_ranks(); ++r)

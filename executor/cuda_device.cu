@@ -164,6 +164,14 @@ std::string Pool::EnqueueHostCopy(int rank, size_t bytes, bool to_host, void* st
   return "";
 }
 
+std::string Pool::PinHost() {
+  for (void*& host : impl_->host)
+    if (host == nullptr)
+      if (std::string e = Err(cudaMallocHost(&host, payload_bytes_), "cudaMallocHost"); !e.empty())
+        return e;
+  return "";
+}
+
 std::string Pool::HostCopy(int rank, size_t bytes, bool to_host) {
   if (std::string e = EnqueueHostCopy(rank, bytes, to_host, nullptr); !e.empty()) return e;
   return Err(cudaStreamSynchronize(impl_->streams[rank]), "host copy");

@@ -38,6 +38,8 @@ class Pool {
   // payload buffer's size; their contents are not used), device to host or back, on
   // `stream` (a cudaStream_t; nullptr: the rank's stream). HostCopy also syncs.
   std::string EnqueueHostCopy(int rank, size_t bytes, bool to_host, void* stream);
+  // Allocates the pinned host buffers now (outside timed ops; cudaMallocHost may sync).
+  std::string PinHost();
   std::string HostCopy(int rank, size_t bytes, bool to_host);
   size_t payload_bytes() const { return payload_bytes_; }
 

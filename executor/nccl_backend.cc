@@ -188,6 +188,7 @@ Status Executor::Init(const NcclLaunch& l) {
   const OpId b = t_.rank_begin(rank_), e = t_.rank_end(rank_);
   std::set<size_t> dims;
   size_t dim = 0, hbm = 1, send = 0, recv = 0, coll = 0, fold = 0, probes = 0;
+  bool copies = false;
   for (OpId i = b; i < e; ++i) {
     const Work& w = t_.work(i);
     const OpKind k = t_.kind(i);
@@ -208,7 +209,7 @@ Status Executor::Init(const NcclLaunch& l) {
           fmt::format("{}: offload to another rank's memory is not replayed by "
                       "the NCCL backend (offload to host is)",
                       t_.str(i)));
-    if (IsCopy(k)) hbm = std::max(hbm, std::min(bytes, kScratch));  // host copies' chunks
+    if (IsCopy(k)) hbm = std::max(hbm, std::min(bytes, kScratch)), copies = true;  // chunks
     if (IsSend(k)) {
       send = std::max(send, bytes);
       usage_[CommOf(i)].send = std::max(usage_[CommOf(i)].send, bytes);
@@ -224,6 +225,7 @@ Status Executor::Init(const NcclLaunch& l) {
   }
   std::string err = cudadev::Pool::Create(1, dim, hbm, &pool_);
   if (err.empty()) err = pool_->Warmup({dims.begin(), dims.end()});
+  if (err.empty() && copies) err = pool_->PinHost();  // before the clock starts
   if (!err.empty()) return Internal(err);
   compute_ = static_cast<cudaStream_t>(pool_->stream(0));
   RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&collective_, cudaStreamNonBlocking), "stream"));

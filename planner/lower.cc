@@ -166,6 +166,10 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
       }
     }
     flush();
+    if (host_grads)  // the gradient shards back before anything reads them
+      for (int c = 0; c < shape.vp; ++c)
+        out.push_back(
+            {OpKey{r, OpKind::kReload, Module::kOptimizer, c}, works.grad_in[shape.global(c, s)]});
     for (const ModalitySync* m : mine) modality_op(*m, m->reduce, m->reduce_work, &out);
     const bool muon = sync && !works.muon_gather.empty();
     auto muon_op = [&](int bucket) {
@@ -175,10 +179,6 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
                      CollectiveTag(works.muon_kind, Module::kOptimizer, -1, bucket)});
     };
     if (muon) muon_op(0);
-    if (host_grads)
-      for (int c = 0; c < shape.vp; ++c)
-        out.push_back(
-            {OpKey{r, OpKind::kReload, Module::kOptimizer, c}, works.grad_in[shape.global(c, s)]});
     out.push_back({OpKey{r, OpKind::kOptStep, Module::kOptimizer}, works.opt_step[s]});
     if (muon && works.muon_kind == OpKind::kAllToAll) muon_op(1);  // the updates back
     if (gather && !works.gather_first) gathers(&out);
@@ -327,16 +327,23 @@ Status AddHostCopies(std::vector<RankSeq>* seqs, const HostCopyModel& model, Tab
       after[j] = static_cast<int>(std::upper_bound(end.begin(), end.end(), reload_start[j]) -
                                   end.begin()) -
                  1;
+    // Remote pairs (the LLM's; host pairs of the encoder or generator may share the rank):
+    // those that even memory.
     std::vector<uint8_t> chosen(pairs.size(), 1);
-    if (!pairs.empty() && pairs[0].key.peer >= 0) {  // remote: the pairs that even memory
-      std::vector<RemoteSpan> spans;
-      for (size_t j = 0; j < pairs.size(); ++j) {
-        const double back = after[j] >= 0 ? end[after[j]] : 0;  // the RELOAD starts
-        spans.push_back(
-            {end[pairs[j].f] + pairs[j].seconds, back, back + pairs[j].seconds, pairs[j].bytes});
-      }
-      const int32_t rank = pairs[0].key.rank;
-      chosen = ChooseRemote(spans, model.curve(rank), model.hold_cap(rank));
+    std::vector<size_t> remote;
+    std::vector<RemoteSpan> spans;
+    for (size_t j = 0; j < pairs.size(); ++j) {
+      if (pairs[j].key.peer < 0) continue;
+      const double back = after[j] >= 0 ? end[after[j]] : 0;  // the RELOAD starts
+      remote.push_back(j);
+      spans.push_back(
+          {end[pairs[j].f] + pairs[j].seconds, back, back + pairs[j].seconds, pairs[j].bytes});
+    }
+    if (!remote.empty()) {
+      const int32_t rank = pairs[remote[0]].key.rank;
+      const std::vector<uint8_t> sent =
+          ChooseRemote(spans, model.curve(rank), model.hold_cap(rank));
+      for (size_t k = 0; k < remote.size(); ++k) chosen[remote[k]] = sent[k];
     }
     double out_free = 0;
     for (size_t j : order) {
@@ -387,7 +394,7 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
     // Pipeline ZeRO-2: the last per-micro-batch reduction, gradient copies per chunk.
     TableBuilder::Handle last_grad_reduce = UINT32_MAX;
     std::map<int32_t, std::vector<TableBuilder::Handle>> grad_out;
-    std::vector<TableBuilder::Handle> grad_in;
+    std::vector<TableBuilder::Handle> grad_out_all, grad_in;
     std::vector<std::pair<CopyKey, TableBuilder::Handle>> offloaded, reloaded;
     auto take = [](std::vector<std::pair<CopyKey, TableBuilder::Handle>>& v, const CopyKey& key) {
       auto it = std::find_if(v.begin(), v.end(), [&](auto& x) { return x.first == key; });
@@ -413,6 +420,7 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
         if (k.kind == OpKind::kOffload) {
           if (last_grad_reduce != UINT32_MAX) b->AddDep(h, last_grad_reduce);
           grad_out[k.chunk].push_back(h);
+          grad_out_all.push_back(h);
         } else {
           if (!grad_out[k.chunk].empty()) b->AddDep(h, grad_out[k.chunk].back());
           grad_in.push_back(h);
@@ -439,20 +447,23 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
       } else if (IsRecv(k.kind)) {
         recvs.push_back({op.tag, h});
       } else if (k.kind == OpKind::kB || k.kind == OpKind::kW) {
-        // Pipeline ZeRO-2: a chunk's gradient double buffer is free again once the shard of
-        // the weight gradients two micro-batches back is on the host.
-        if (k.module == Module::kText && grad_out[k.chunk].size() >= 2)
-          b->AddDep(h, grad_out[k.chunk][grad_out[k.chunk].size() - 2]);
+        // Pipeline ZeRO-2: the rank's gradient double buffer is free again once the shard
+        // of the weight gradients two backwards back (any chunk) is on the host.
+        if (k.module == Module::kText && grad_out_all.size() >= 2)
+          b->AddDep(h, grad_out_all[grad_out_all.size() - 2]);
         if (last == last_backward.end())
           last_backward.push_back({mc, h});
         else
           last->second = h;
       } else if (IsCollective(k.kind) && k.module == Module::kOptimizer) {
-        // Muon's gather precedes the optimizer step; its updates sent back follow it.
-        if (opt_step != UINT32_MAX)
+        // Muon's gather precedes the optimizer step (after host gradients came back); its
+        // updates sent back follow it.
+        if (opt_step != UINT32_MAX) {
           b->AddDep(h, opt_step);
-        else
+        } else {
+          for (TableBuilder::Handle g : grad_in) b->AddDep(h, g);
           grad_collectives.push_back(h);
+        }
       } else if (k.kind == OpKind::kOptStep) {
         opt_step = h;
         for (TableBuilder::Handle c : grad_collectives) b->AddDep(h, c);
@@ -466,9 +477,11 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
           if (module == k.module && gather_chunk == chunk && g != UINT32_MAX)
             b->AddDep(h, g), g = UINT32_MAX;
       } else if (IsCollective(k.kind) && k.module == Module::kText && k.chunk < 0) {
-        // The tied embedding's gradient: complete after the rank's last text backward.
+        // The tied embedding's gradient: complete after the rank's last text backward (and
+        // back from the host, pipeline ZeRO-2).
         for (auto& [key, op_h] : last_backward)
           if (key >> 32 == static_cast<int64_t>(Module::kText)) b->AddDep(h, op_h);
+        for (TableBuilder::Handle g : grad_in) b->AddDep(h, g);
         grad_collectives.push_back(h);
       } else if (IsCollective(k.kind)) {
         if (last != last_backward.end()) b->AddDep(h, last->second);

@@ -685,9 +685,9 @@ StatusOr<Table> PlanOnce(const Config& c) {
       const double mine = predicted.peak[rank], its = predicted.peak[holder[rank]];
       return std::max(0.0, std::min((mine - its) / 2, c.cluster.spec.hbm_bytes - its));
     };
-    copies.copy_seconds = [&](double bytes, int32_t rank, int32_t holder) {
-      return holder < 0 ? cost.CopySeconds(bytes)
-                        : cost.P2PSeconds(bytes, ranks[rank].node == ranks[holder].node);
+    copies.copy_seconds = [&](double bytes, int32_t rank, int32_t to) {
+      return to < 0 ? cost.CopySeconds(bytes)
+                    : cost.P2PSeconds(bytes, ranks[rank].node == ranks[to].node);
     };
     RETURN_IF_ERROR(AddHostCopies(&seqs, copies, &b));
   }

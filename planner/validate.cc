@@ -484,6 +484,7 @@ Status CheckHostCopies(const Table& t) {
   for (int32_t r = 0; r < t.num_ranks(); ++r) {
     std::map<Key, std::pair<OpId, OpId>> out;  // key -> (OFFLOAD, RELOAD or UINT32_MAX)
     std::vector<OpId> grads_back;              // gradient shards' RELOADs not yet waited for
+    std::map<int32_t, OpId> grads_out;         // per chunk: its last gradient shard's OFFLOAD
     for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) {
       const OpKind k = t.kind(i);
       const Work& w = t.work(i);
@@ -496,7 +497,15 @@ Status CheckHostCopies(const Table& t) {
         if (k == OpKind::kOffload && !after_reduce)
           return InvalidPlan(
               fmt::format("{}: copies a gradient shard before its reduction", t.str(i)));
-        if (k == OpKind::kReload) grads_back.push_back(i);
+        if (k == OpKind::kOffload) grads_out[t.chunk(i)] = i;
+        if (k == OpKind::kReload) {
+          auto it = grads_out.find(t.chunk(i));
+          if (it != grads_out.end() &&
+              std::find(deps.begin(), deps.end(), it->second) == deps.end())
+            return InvalidPlan(
+                fmt::format("{}: does not wait for {}", t.str(i), t.str(it->second)));
+          grads_back.push_back(i);
+        }
         continue;
       }
       if (k == OpKind::kOptStep)

@@ -110,8 +110,11 @@ std::string ComparisonText(const Comparison& c) {
 StatusOr<GpuSpec> Calibrate(const GpuSpec& spec, const Comparison& c) {
   GpuSpec out = spec;
   double cp = 0, cm = 0, lp = 0, lm = 0;  // compute and link (p2p + collective) totals
+  double hp = 0, hm = 0;                  // host copies
   for (auto& [kind, e] : c.by_kind) {
-    if (IsP2PKind(kind) || IsCollectiveKind(kind))
+    if (kind == "OFFLOAD" || kind == "RELOAD")
+      hp += e.predicted_s, hm += e.measured_s;
+    else if (IsP2PKind(kind) || IsCollectiveKind(kind))
       lp += e.predicted_s, lm += e.measured_s;
     else
       cp += e.predicted_s, cm += e.measured_s;
@@ -122,11 +125,13 @@ StatusOr<GpuSpec> Calibrate(const GpuSpec& spec, const Comparison& c) {
     out.compute_efficiency *= f, out.attention_efficiency *= f, out.hbm_efficiency *= f;
   }
   if (lp > 0 && lm > 0) out.nvlink_efficiency *= lp / lm, out.nic_efficiency *= lp / lm;
+  if (hp > 0 && hm > 0) out.host_link_efficiency *= hp / hm;
   for (auto [name, e] : {std::pair{"compute_efficiency", out.compute_efficiency},
                          {"attention_efficiency", out.attention_efficiency},
                          {"hbm_efficiency", out.hbm_efficiency},
                          {"nvlink_efficiency", out.nvlink_efficiency},
-                         {"nic_efficiency", out.nic_efficiency}})
+                         {"nic_efficiency", out.nic_efficiency},
+                         {"host_link_efficiency", out.host_link_efficiency}})
     if (e > 1)
       return InvalidInput(fmt::format(
           "the fit gives {} = {:.3g}, above the {}'s peak: the measured trace is not from this "
@@ -141,9 +146,10 @@ std::string CalibrationYaml(const GpuSpec& g, const Comparison& c) {
       "# measured run (step {:.6g} s measured, {:.6g} s predicted). Load with simulate "
       "--calibration.\n"
       "cluster:\n  hardware:\n    compute_efficiency: {:.6g}\n    attention_efficiency: {:.6g}\n"
-      "    hbm_efficiency: {:.6g}\n    nvlink_efficiency: {:.6g}\n    nic_efficiency: {:.6g}\n",
+      "    hbm_efficiency: {:.6g}\n    nvlink_efficiency: {:.6g}\n    nic_efficiency: {:.6g}\n"
+      "    host_link_efficiency: {:.6g}\n",
       g.name, c.measured_step_s, c.predicted_step_s, g.compute_efficiency, g.attention_efficiency,
-      g.hbm_efficiency, g.nvlink_efficiency, g.nic_efficiency);
+      g.hbm_efficiency, g.nvlink_efficiency, g.nic_efficiency, g.host_link_efficiency);
 }
 
 }  // namespace pipeplan

@@ -42,7 +42,7 @@ const char* MemCatName(int cat);
 struct MemorySample {
   double time_s;
   std::array<double, kNumMemCats> bytes;
-  double host_bytes;  // offloaded activations in host memory
+  double host_bytes;  // host memory: offloaded activations, gradient shards
   OpId op;            // the op whose effect this is (UINT32_MAX: the step's start)
 };
 
@@ -52,7 +52,7 @@ struct RankMemory {
   double peak_time_s = 0;
   std::array<double, kNumMemCats> at_peak{};  // each category at the total's peak, bytes
   bool oom = false;
-  double host_peak_bytes = 0;       // offloaded activations in host memory, per GPU
+  double host_peak_bytes = 0;       // host memory: offloaded activations, gradient shards
   std::vector<MemorySample> curve;  // one sample per change (if requested)
 };
 

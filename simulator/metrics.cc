@@ -150,9 +150,10 @@ Metrics ComputeMetrics(const Table& t, const Timeline& tl, const std::vector<dou
   if (m.node_host_bytes > 0 && m.node_host_peak_bytes > m.node_host_bytes) {
     m.host_oom = m.oom = true;
     if (m.oom_detail.empty())
-      m.oom_detail =
-          fmt::format("host memory: offloaded activations take up to {:.2f} GiB per node",
-                      m.node_host_peak_bytes / kGiB);
+      m.oom_detail = fmt::format(
+          "host memory: offloaded activations and gradients take up to {:.2f} GiB "
+          "per node",
+          m.node_host_peak_bytes / kGiB);
   }
   if (m.step_time_s > 0) {
     m.bubble_fraction = 1 - busy_total / (t.num_ranks() * m.step_time_s);
@@ -247,8 +248,7 @@ std::string MetricsText(const Metrics& m) {
   if (!m.oom_detail.empty()) s += fmt::format("  out of memory on {}\n", m.oom_detail);
   if (m.host_peak_bytes > 0)
     s += fmt::format(
-        "host memory      {:.2f} GiB per GPU offloaded at peak; up to {:.2f} of {:.2f} "
-        "GiB per node{}\n",
+        "host memory      {:.2f} GiB per GPU at peak; up to {:.2f} of {:.2f} GiB per node{}\n",
         m.host_peak_bytes / kGiB, m.node_host_peak_bytes / kGiB, m.node_host_bytes / kGiB,
         m.host_oom ? "  ** OUT OF HOST MEMORY **" : "");
   if (m.held_peak_bytes > 0)

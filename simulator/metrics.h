@@ -21,7 +21,7 @@ struct RankMetrics {
   double peak_memory_bytes = 0;  // per GPU
   std::array<double, kNumModules> peak_by_module{};  // activation peak per module, bytes
   std::array<double, kNumMemCats> at_peak{};  // each memory category at the rank's peak, bytes
-  double host_peak_bytes = 0;                 // offloaded activations in host memory, per GPU
+  double host_peak_bytes = 0;  // host memory (offloaded activations, gradient shards), per GPU
   bool oom = false;
 };
 
@@ -42,8 +42,9 @@ struct Metrics {
   double hbm_bytes = 0;          // capacity per GPU
   bool oom = false;
   std::string oom_detail;  // the first rank out of memory: its bytes by category at its peak
-  // Host offload (plans with OFFLOAD/RELOAD ops; copy_exposed_s -1 otherwise). Host memory
-  // per node: the sum of its GPUs' peaks (an upper bound: they need not peak together).
+  // Host offload (plans with OFFLOAD/RELOAD ops; copy_exposed_s -1 otherwise). Host memory:
+  // offloaded activations and host gradient shards; per node: the sum of its GPUs' peaks
+  // (an upper bound: they need not peak together).
   double host_peak_bytes = 0;       // max over ranks, per GPU
   double node_host_peak_bytes = 0;  // max over nodes
   double node_host_bytes = 0;       // capacity per node

@@ -373,3 +373,42 @@ TEST_CASE("memory: auto lends a stage's activations to another before it offload
   for (size_t r = 0; r < peak.size(); ++r)
     CHECK(MemoryModeName(choice.text[r]) == (r == top ? "none+remote" : "none"));
 }
+
+TEST_CASE(
+    "a rank that offloads the encoder to host and lends the LLM's activations: both kinds, "
+    "the holder within its share") {
+  const Config c = MultimodalConfig(
+      "inline", {"training.offload=[remote, none, none, none]", "model.vision.offload=host",
+                 "cluster.hardware.host_link_bw=1e15", "training.recompute=none"});
+  const Table t = Plan(c);
+  REQUIRE(ValidatePlan(t).ok());
+  int host = 0, lent = 0;
+  int32_t holder = -1;
+  for (OpId o : OfKind(t, 0, OpKind::kOffload)) {
+    if (t.peer(o) < 0) {
+      CHECK(t.module(o) == Module::kVision);
+      ++host;
+    } else {
+      CHECK(t.module(o) == Module::kText);
+      holder = t.peer(o), ++lent;
+    }
+  }
+  CHECK(host > 0);
+  const Config none =
+      MultimodalConfig("inline", {"model.vision.offload=host", "cluster.hardware.host_link_bw=1e15",
+                                  "training.recompute=none"});
+  auto p = RunSimulation(Plan(none), SimOptionsFor(none));
+  auto r = RunSimulation(t, SimOptionsFor(c));
+  REQUIRE(p.ok());
+  REQUIRE(r.ok());
+  REQUIRE(lent > 0);
+  REQUIRE(holder > 0);
+  // The holder takes at most half the two peaks' difference.
+  CHECK(r->memory[holder].peak_by_cat[kActHeld] <=
+        (p->memory[0].peak_bytes - p->memory[holder].peak_bytes) / 2 * (1 + 1e-12));
+  CHECK(r->memory[0].peak_bytes <= p->memory[0].peak_bytes);
+  Timeline tl;
+  auto run = RunCpuLocal(t, RunOptions{}, true, &tl);
+  REQUIRE_MESSAGE(run.ok(), run.status().message());
+  CHECK(run->passed());
+}

@@ -600,6 +600,9 @@ std::string Pool::Touch(int, size_t) {
 std::string Pool::EnqueueHostCopy(int, size_t, bool, void*) {
   return "";
 }
+std::string Pool::PinHost() {
+  return "";
+}
 std::string Pool::HostCopy(int rank, size_t, bool) {
   impl_->streams[rank]->Sync();
   return "";
