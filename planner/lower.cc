@@ -189,21 +189,10 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
   }
 }
 
-namespace {
-
-// The activations an op saves (F) or reads (RECOMPUTE, B, I): module, chunk, micro-batch,
-// task and, for modalities, piece (a text backward cut into bucket pieces reads them in its
-// first piece).
-using CopyKey = std::array<int32_t, 5>;
 CopyKey CopyKeyOf(const OpKey& k) {
   return {static_cast<int32_t>(k.module), k.chunk, k.mb, k.task,
           k.module == Module::kText ? -1 : k.piece};
 }
-bool ReadsSaved(OpKind k) {
-  return k == OpKind::kRecompute || k == OpKind::kB || k == OpKind::kI;
-}
-
-}  // namespace
 
 std::vector<uint8_t> ChooseRemote(const std::vector<RemoteSpan>& spans,
                                   const std::vector<std::pair<double, double>>& curve, double cap) {

@@ -2,6 +2,7 @@
 // link dependencies -> table. Each pass is a function over per-rank op lists.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <vector>
 
@@ -108,6 +109,15 @@ struct ModalitySync {
 void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zero_stage,
                  const GradSyncWorks& works, const std::vector<int32_t>& dp_group_of_stage,
                  const std::vector<ModalitySync>& modality = {});
+
+// The activations an op saves (F) or reads (RECOMPUTE, B, I): module, chunk, micro-batch,
+// task and, for modalities, piece (a text backward cut into bucket pieces reads them in its
+// first piece). Copies of them carry the same.
+using CopyKey = std::array<int32_t, 5>;
+CopyKey CopyKeyOf(const OpKey& k);
+inline bool ReadsSaved(OpKind k) {
+  return k == OpKind::kRecompute || k == OpKind::kB || k == OpKind::kI;
+}
 
 // Offload of saved activations. A forward op that saves activations of a module that
 // offloads (`saved(op)` bytes per GPU, 0: none) is followed by an OFFLOAD of them (freeing

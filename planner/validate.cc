@@ -10,6 +10,7 @@
 #include <map>
 #include <tuple>
 
+#include "planner/lower.h"
 #include "simulator/engine.h"
 
 namespace pipeplan {
@@ -471,20 +472,16 @@ Status CheckModality(const Table& t) {
 // out (mem_delta = -payload); one RELOAD brings the same bytes back (depending on the
 // OFFLOAD); the first op that reads them (RECOMPUTE, B or I) depends on that RELOAD.
 Status CheckHostCopies(const Table& t) {
-  using Key = std::array<int32_t, 5>;
-  auto key_of = [&](OpId i) -> Key {
-    return {static_cast<int32_t>(t.module(i)), t.chunk(i), t.mb(i), t.task(i),
-            t.module(i) == Module::kText ? -1 : t.piece(i)};
-  };
+  auto key_of = [&](OpId i) { return CopyKeyOf(t.key(i)); };
   auto dep_of = [&](OpId i, OpKind kind) {
     for (OpId d : t.deps(i))
       if (t.kind(d) == kind && t.rank(d) == t.rank(i) && key_of(d) == key_of(i)) return d;
     return UINT32_MAX;
   };
   for (int32_t r = 0; r < t.num_ranks(); ++r) {
-    std::map<Key, std::pair<OpId, OpId>> out;  // key -> (OFFLOAD, RELOAD or UINT32_MAX)
-    std::vector<OpId> grads_back;              // gradient shards' RELOADs not yet waited for
-    std::map<int32_t, OpId> grads_out;         // per chunk: its last gradient shard's OFFLOAD
+    std::map<CopyKey, std::pair<OpId, OpId>> out;  // key -> (OFFLOAD, RELOAD or UINT32_MAX)
+    std::vector<OpId> grads_back;                  // gradient shards' RELOADs not yet waited for
+    std::map<int32_t, OpId> grads_out;             // per chunk: its last gradient shard's OFFLOAD
     for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) {
       const OpKind k = t.kind(i);
       const Work& w = t.work(i);
@@ -534,7 +531,7 @@ Status CheckHostCopies(const Table& t) {
           return InvalidPlan(fmt::format("{}: does not bring back what {} moved out", t.str(i),
                                          t.str(it->second.first)));
         it->second.second = i;
-      } else if (k == OpKind::kRecompute || k == OpKind::kB || k == OpKind::kI) {
+      } else if (ReadsSaved(k)) {
         auto it = out.find(key_of(i));
         if (it == out.end()) continue;
         auto [offload, reload] = it->second;
