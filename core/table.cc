@@ -39,7 +39,7 @@ size_t WorkHash::operator()(const Work& w) const {
   mix(w.flops), mix(w.attn_flops), mix(w.fp8_flops), mix(w.model_flops), mix(w.hbm_bytes),
       mix(w.payload_bytes);
   mix(w.mem_delta_bytes), mix(w.tp_bytes), mix(w.ep_bytes), mix(w.tp_calls), mix(w.ep_calls);
-  mix(w.kernels), mix(w.layer_begin), mix(w.layer_end);
+  mix(w.kernels), mix(w.layer_begin), mix(w.layer_end), mix(w.saved_fp8);
   return h;
 }
 

@@ -48,6 +48,9 @@ struct Work {
   int32_t layer_begin = -1;    // module layers covered, [begin, end); -1 = none
   int32_t layer_end = -1;
   double fp8_flops = 0;  // part of `flops` in FP8 GEMMs (training.precision: fp8)
+  // A forward whose saved activations are stored FP8 block-quantised until its backward
+  // (saved_activations: fp8); the executor quantises them, the costs are in the amounts.
+  bool saved_fp8 = false;
   friend bool operator==(const Work&, const Work&) = default;
 };
 

@@ -54,20 +54,22 @@ bool Prefix(const Src& counts, std::vector<uint32_t>* index) {
 }
 
 json WorkToJson(const Work& w) {
-  return {{"flops", w.flops},
-          {"attn_flops", w.attn_flops},
-          {"model_flops", w.model_flops},
-          {"hbm_bytes", w.hbm_bytes},
-          {"payload_bytes", w.payload_bytes},
-          {"mem_delta_bytes", w.mem_delta_bytes},
-          {"tp_bytes", w.tp_bytes},
-          {"ep_bytes", w.ep_bytes},
-          {"tp_calls", w.tp_calls},
-          {"ep_calls", w.ep_calls},
-          {"kernels", w.kernels},
-          {"layer_begin", w.layer_begin},
-          {"layer_end", w.layer_end},
-          {"fp8_flops", w.fp8_flops}};
+  json j = {{"flops", w.flops},
+            {"attn_flops", w.attn_flops},
+            {"model_flops", w.model_flops},
+            {"hbm_bytes", w.hbm_bytes},
+            {"payload_bytes", w.payload_bytes},
+            {"mem_delta_bytes", w.mem_delta_bytes},
+            {"tp_bytes", w.tp_bytes},
+            {"ep_bytes", w.ep_bytes},
+            {"tp_calls", w.tp_calls},
+            {"ep_calls", w.ep_calls},
+            {"kernels", w.kernels},
+            {"layer_begin", w.layer_begin},
+            {"layer_end", w.layer_end},
+            {"fp8_flops", w.fp8_flops}};
+  if (w.saved_fp8) j["saved_fp8"] = true;  // written only where set: other plans unchanged
+  return j;
 }
 
 Work WorkFromJson(const json& j) {
@@ -79,6 +81,7 @@ Work WorkFromJson(const json& j) {
   w.ep_calls = j.at("ep_calls"), w.kernels = j.at("kernels"), w.layer_begin = j.at("layer_begin");
   w.layer_end = j.at("layer_end");
   w.fp8_flops = j.value("fp8_flops", 0.0);  // older plans lack it
+  w.saved_fp8 = j.value("saved_fp8", false);
   return w;
 }
 
@@ -197,6 +200,7 @@ Status StreamPb(const Table& t, Sink&& sink) {
     pw->set_ep_calls(w.ep_calls), pw->set_kernels(w.kernels), pw->set_layer_begin(w.layer_begin);
     pw->set_fp8_flops(w.fp8_flops);
     pw->set_layer_end(w.layer_end);
+    pw->set_saved_fp8(w.saved_fp8);
   }
   for (int32_t g = 0; g < t.num_groups(); ++g) {
     p.add_group_size(static_cast<uint32_t>(t.group(g).size()));
@@ -303,7 +307,7 @@ StatusOr<Table> ParsePb(const std::string& bytes) {
     c.works().push_back(Work{pw.flops(), pw.attn_flops(), pw.model_flops(), pw.hbm_bytes(),
                              pw.payload_bytes(), pw.mem_delta_bytes(), pw.tp_bytes(), pw.ep_bytes(),
                              pw.tp_calls(), pw.ep_calls(), pw.kernels(), pw.layer_begin(),
-                             pw.layer_end(), pw.fp8_flops()});
+                             pw.layer_end(), pw.fp8_flops(), pw.saved_fp8()});
   }
   if (!Prefix(p.group_size(), &c.group_begin())) return InvalidInput("plan group index overflows");
   ReadColumn(p.group_ranks(), &c.group_ranks());

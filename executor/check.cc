@@ -73,6 +73,14 @@ CheckResult CompareWithReference(const Table& t, const TinyModel& model,
     if (e / tol > worst_ratio || res.worst.empty())
       worst_ratio = e / tol, res.max_grad_error = e, res.grad_tolerance = tol, res.worst = p.name;
   }
+  for (const Work& w : t.works()) res.fp8_storage |= w.saved_fp8;
+  if (res.fp8_storage) {
+    const Reference plain = RunReference(t, model, /*fp8_storage=*/false);
+    for (Module m : {Module::kText, Module::kVision, Module::kGenerator})
+      if (!plain.grads.of(m).empty())
+        res.fp8_effect =
+            std::max(res.fp8_effect, MaxRelativeError(ref.grads.of(m), plain.grads.of(m)));
+  }
   return res;
 }
 

@@ -19,6 +19,11 @@ struct CheckResult {
   // (u = 2^-53), and each of the L layers a perturbation passes adds one more rounding:
   // bound = 2(K - 1 + L) u max_i sum_k |t_ik| / max_i |sum_k t_ik|, at least 1e-12.
   double loss_tolerance = 1e-12, grad_tolerance = 1e-12;
+  // FP8 storage of saved activations (executor/fp8_storage.h): the reference stores the
+  // same tensors the same way, so the bounds above hold unchanged. What the storage itself
+  // does to the gradients: their max relative difference from unquantised storage.
+  bool fp8_storage = false;
+  double fp8_effect = 0;
   bool passed() const { return loss_error <= loss_tolerance && max_grad_error <= grad_tolerance; }
 };
 

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "executor/fp8_storage.h"
+
 namespace pipeplan {
 namespace {
 
@@ -25,6 +27,13 @@ std::map<std::tuple<int, int, int>, int> VisionConsumers(const Table& t) {
 
 Tensor Row0(const Tensor& x, int d) {
   return Tensor(x.begin(), x.begin() + d);
+}
+
+// FP8 storage (a forward marked saved_fp8): each tensor saved from `first` on becomes E4M3
+// codes with block scales; what stays is the values its backward reads back from them.
+void StoreFp8(std::vector<Tensor>* saved, size_t first, int row, size_t end = SIZE_MAX) {
+  for (size_t k = first; k < std::min(end, saved->size()); ++k)
+    (*saved)[k] = DequantiseFp8(QuantiseFp8((*saved)[k], row));
 }
 
 }  // namespace
@@ -227,7 +236,9 @@ Status CpuBackend::TextForward(OpId op) {
   if (w.layer_begin < 0 || w.layer_end > m_->text_layers())
     return Internal("its layer range is outside the model");
   auto& saved = saved_[{g, mb}];
+  const size_t first = saved.size();
   m_->Forward(Module::kText, w.layer_begin, w.layer_end, &x, &saved);
+  if (w.saved_fp8) StoreFp8(&saved, first, m_->width());
   if (g == stages_ - 1 && !m_->has_generator())
     loss_ += m_->Head(x, m_->Target(replica_, mb), &dout_[{g, mb}], &grads_);
   if (g + 1 < stages_ && Here(g + 1)) in_[{g + 1, mb}] = x;  // next chunk on this rank
@@ -317,12 +328,14 @@ Status CpuBackend::VisionForward(OpId op, bool recompute) {
     u = std::move(it->second);
     vision_act_.erase(it);
   }
+  const size_t first = saved.size();
   m_->Forward(Module::kVision, begin, end, &u, &saved);
+  if (end == L) saved.push_back(u);  // projector input
+  if (t_.work(op).saved_fp8) StoreFp8(&saved, first, m_->width());
   if (end < L) {
     vision_act_[key] = std::move(u);
     return Status::Ok();
   }
-  saved.push_back(u);  // projector input
   if (recompute) return Status::Ok();
   Tensor v = m_->Project(u);
   if (vision_remote_.count(key))
@@ -537,7 +550,30 @@ Status CpuBackend::Reduced(OpId op, Tensor sum) {
   return Status::Ok();
 }
 
-Reference RunReference(const Table& t, const TinyModel& m) {
+Reference RunReference(const Table& t, const TinyModel& m, bool fp8_storage) {
+  // Which saved tensors the plan's forwards store in FP8: text layers per replica, a vision
+  // task's layer inputs and its projector input (index L).
+  const int L = m.vision_layers();
+  std::vector<std::vector<char>> text_fp8(t.meta().dp, std::vector<char>(m.text_layers(), 0));
+  std::map<std::tuple<int, int, int>, std::vector<char>> vision_fp8;
+  for (OpId i = 0; fp8_storage && i < t.size(); ++i) {
+    const Work& w = t.work(i);
+    if (t.kind(i) != OpKind::kF || !w.saved_fp8) continue;
+    if (t.module(i) == Module::kText) {
+      for (int layer = std::max(0, w.layer_begin); layer < std::min(m.text_layers(), w.layer_end);
+           ++layer)
+        text_fp8[t.ranks()[t.rank(i)].dp][layer] = 1;
+    } else if (t.module(i) == Module::kVision) {
+      auto& flags = vision_fp8[{t.mb(i), t.task(i), t.chunk(i)}];
+      flags.resize(L + 1, 0);
+      const int end = w.layer_end < 0 ? L : std::min(L, w.layer_end);
+      for (int k = std::max(0, w.layer_begin); k < end + (end == L ? 1 : 0); ++k) flags[k] = 1;
+    }
+  }
+  auto store = [&](std::vector<Tensor>* saved, const std::vector<char>& flags) {
+    for (size_t k = 0; k < saved->size() && k < flags.size(); ++k)
+      if (flags[k]) StoreFp8(saved, k, m.width(), k + 1);
+  };
   Reference ref;
   ref.grads = m.ZeroGrads();
   ref.abs_grads = m.ZeroGrads();
@@ -556,12 +592,15 @@ Reference RunReference(const Table& t, const TinyModel& m) {
         std::vector<Tensor> saved;
         m.Forward(Module::kVision, 0, m.vision_layers(), &u, &saved);
         saved.push_back(u);
+        if (auto it = vision_fp8.find({tmb, task, shard}); it != vision_fp8.end())
+          store(&saved, it->second);
         Tensor v = m.Project(u);
         for (int j = 0; j < d; ++j) x[j] += v[j];
         vsaved.push_back(std::move(saved));
       }
       std::vector<Tensor> saved;
       m.Forward(Module::kText, 0, m.text_layers(), &x, &saved);
+      store(&saved, text_fp8[r]);
       Tensor dx;
       for (Module mod : {Module::kText, Module::kVision, Module::kGenerator})
         std::fill(mine.of(mod).begin(), mine.of(mod).end(), 0.0);

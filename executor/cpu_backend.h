@@ -102,8 +102,9 @@ struct Reference {
   double abs_loss = 0;
   int terms = 0, depth = 0;
 };
-// The same micro-batches, run one after another in one process.
-Reference RunReference(const Table& t, const TinyModel& m);
+// The same micro-batches, run one after another in one process. With `fp8_storage`, the
+// tensors the plan's forwards store in FP8 (Work::saved_fp8) are stored the same way here.
+Reference RunReference(const Table& t, const TinyModel& m, bool fp8_storage = true);
 
 // Max relative error of a against b: max |a - b| / max(max |b|, 1e-300).
 double MaxRelativeError(const Tensor& a, const Tensor& b);

@@ -26,6 +26,7 @@ struct ParamSet {
   Tensor& of(Module m) {
     return m == Module::kVision ? vision : m == Module::kGenerator ? generator : text;
   }
+  const Tensor& of(Module m) const { return const_cast<ParamSet*>(this)->of(m); }
 };
 
 class TinyModel {

@@ -406,6 +406,7 @@ VisionTask TaskFromLoad(const Config& c, const GpuLoad& load, double model_flops
   t.f.hbm_bytes += store_hbm, t.b.hbm_bytes += store_hbm;  // FP8 storage: (de)quantise
   t.b.tp_bytes = 2 * t.f.tp_bytes, t.b.tp_calls = 2 * t.f.tp_calls, t.b.kernels = 2 * t.f.kernels;
   if (store_hbm > 0) t.f.kernels += v.layers, t.b.kernels += v.layers;  // (de)quantise
+  t.f.saved_fp8 = store_hbm > 0;
   if (v.tp > 1) {
     // Encoder tensor parallelism (model.vision.tp): a TP group runs the images its GPUs
     // would have run one by one, with Megatron's 2 all-reduces per layer in the forward and
@@ -419,6 +420,7 @@ VisionTask TaskFromLoad(const Config& c, const GpuLoad& load, double model_flops
   }
   if (recompute_outputs_only) {
     t.f.mem_delta_bytes = t.out_bytes;
+    t.f.saved_fp8 = false;  // it keeps its output only; RECOMPUTE rebuilds the rest
     t.recompute = t.f;
     t.recompute.model_flops = 0;
     t.recompute.mem_delta_bytes = t.act_bytes;
@@ -730,6 +732,7 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
         t.f.hbm_bytes += store_hbm, t.b.hbm_bytes += store_hbm;  // FP8 storage: (de)quantise
         t.b.tp_bytes = t.f.tp_bytes, t.b.tp_calls = t.f.tp_calls, t.b.kernels = 2 * t.f.kernels;
         if (store_hbm > 0) t.f.kernels += g.layers, t.b.kernels += g.layers;  // (de)quantise
+        t.f.saved_fp8 = store_hbm > 0;
         t.b.mem_delta_bytes = -act;
         t.seconds = cost.ComputeSeconds(t.f, gpus, gpus, 1, c.cluster.gpus_per_node);
         t.tokens = tokens;

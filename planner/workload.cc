@@ -283,6 +283,7 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
     // FP8 storage: the forward quantises what it saves, the backward dequantises it (one
     // pass per stored layer each: a kernel).
     f.hbm_bytes += store_f, bw.hbm_bytes += store_b;
+    f.saved_fp8 = stored_layers > 0;
     bw.tp_bytes = f.tp_bytes + rec_tp, bw.tp_calls = f.tp_calls + rec_tp_calls;
     bw.ep_bytes = f.ep_bytes + rec_ep, bw.ep_calls = f.ep_calls + rec_ep_calls;
     bw.kernels = 2 * f.kernels + stored_layers;

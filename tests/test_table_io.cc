@@ -52,6 +52,20 @@ TEST_CASE("round-trips keep layer-group pieces and a split generator") {
   ExpectRoundTrips(t);
 }
 
+TEST_CASE("round-trips keep which forwards store their activations in FP8") {
+  Table t = Plan(MultimodalConfig("nested", {"training.saved_activations=[fp8, bf16, bf16, fp8]",
+                                             "model.vision.saved_activations=fp8"}));
+  std::set<std::pair<int, int>> marked;  // (module, pp rank)
+  for (OpId i = 0; i < t.size(); ++i)
+    if (t.work(i).saved_fp8)
+      marked.insert({static_cast<int>(t.module(i)), t.ranks()[t.rank(i)].pp});
+  for (int pp : {0, 3}) CHECK(marked.count({static_cast<int>(Module::kText), pp}));
+  for (int pp : {1, 2}) CHECK_FALSE(marked.count({static_cast<int>(Module::kText), pp}));
+  CHECK(std::any_of(marked.begin(), marked.end(),
+                    [](auto m) { return m.first == static_cast<int>(Module::kVision); }));
+  ExpectRoundTrips(t);
+}
+
 TEST_CASE("torch CSV lists compute actions per rank in order, stage = chunk * pp + rank") {
   Table t = Plan(SmallConfig(PipelineKind::kInterleaved1F1B, 2, 2, 4));
   // Rank 1's order (see test_schedules): F0.0 F0.1 F1.0 B1.0 ... -> stages 1, 1, 3, 3, ...
