@@ -424,6 +424,13 @@ void ReadTraining(MapReader m, TrainingConfig* c) {
   constexpr std::string_view kMethodNames[] = {"uniform", "block"};
   m.Enum({"recompute_method"}, &c->recompute_method, kMethodNames);
   m.Int({"recompute_num_layers"}, &c->recompute_num_layers, 1);
+  constexpr std::string_view kModuleNames[] = {"core_attn", "layernorm", "moe_act", "mlp", "moe"};
+  int module = 0;
+  std::vector<int> modules;
+  m.EnumOrList({"recompute_modules"}, &module, &modules, kModuleNames);
+  if (modules.empty()) modules.push_back(module);
+  c->recompute_modules = 0;
+  for (int k : modules) c->recompute_modules |= static_cast<uint8_t>(1 << k);
   m.EnumOrList({"saved_activations"}, &c->saved_activations, &c->saved_activations_by_rank,
                kStorageNames);
   m.EnumOrList({"offload"}, &c->offload, &c->offload_by_rank, kPlaceNames);
@@ -818,6 +825,12 @@ void CheckConsistency(Config* c, Ctx* ctx) {
                            n == 1 ? "y" : "ies", p.pp));
   bool full = t.memory_auto;  // the search may reach full recompute
   for (int r = 0; r < p.pp; ++r) full = full || t.RecomputeOf(r) == Recompute::kFull;
+  bool selective = t.memory_auto;
+  for (int r = 0; r < p.pp; ++r) selective = selective || t.RecomputeOf(r) == Recompute::kSelective;
+  if (ctx->seen.count("training.recompute_modules") && !selective)
+    return ctx->FailAt("training.recompute_modules",
+                       "'training.recompute_modules' applies to selective recompute; no pipeline "
+                       "rank has 'training.recompute: selective'");
   for (const char* key : {"training.recompute_method", "training.recompute_num_layers"})
     if (ctx->seen.count(key) && !full)
       return ctx->FailAt(key, fmt::format("'{}' applies to full recompute; no pipeline rank has "

@@ -40,6 +40,18 @@ struct LlmConfig {
 enum class Recompute { kNone, kSelective, kFull };
 // Megatron's --recompute-method for full recompute (see TrainingConfig).
 enum class RecomputeMethod { kUniform, kBlock };
+// What selective recompute drops and recomputes in the LLM's layers, as Megatron's
+// --recompute-modules names it (bits of TrainingConfig::recompute_modules): the core
+// attention; the two norms' outputs; the MoE experts' activation function; a dense layer's
+// whole MLP; an MoE layer's whole MoE block (router, dispatch and combine all-to-alls,
+// experts). planner/workload.cc: TextLayerCost.
+enum RecomputeModule : uint8_t {
+  kRecCoreAttn = 1,
+  kRecLayernorm = 2,
+  kRecMoeAct = 4,
+  kRecMlp = 8,
+  kRecMoe = 16,
+};
 // How saved activations are stored between forward and backward: bf16 as computed, or fp8
 // block-quantised (planner/workload.h: kFp8StoredPerBf16).
 enum class ActStorage { kBf16, kFp8 };
@@ -146,6 +158,8 @@ struct TrainingConfig {
   // layers and keeps all activations of the others.
   RecomputeMethod recompute_method = RecomputeMethod::kUniform;
   int recompute_num_layers = 1;
+  // training.recompute_modules: what `selective` recompute covers (RecomputeModule bits).
+  uint8_t recompute_modules = kRecCoreAttn;
   // training.saved_activations, like recompute: one storage or one per pipeline rank.
   ActStorage saved_activations = ActStorage::kBf16;
   std::vector<ActStorage> saved_activations_by_rank;

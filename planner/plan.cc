@@ -718,7 +718,8 @@ StatusOr<Table> PlanOnce(const Config& c) {
 // (training.memory_policies) reach that keep fewer bytes (`bytes_of`, per layer and token
 // or per layer), fewest last, without the dominated ones: a mode is left out when one
 // keeping fewer bytes costs no more (cost order: recompute none < selective < full, then
-// bf16 < fp8: FP8 storage adds only HBM traffic). With fused attention, selective recompute
+// bf16 < fp8: FP8 storage adds only HBM traffic). With fused attention (`fused`: and
+// selective recompute of the core attention alone), selective recompute
 // is left out when none is allowed: it keeps only the fp32 log-sum-exp less and recomputes
 // the attention core. `remote`: the module may lend activations to another stage (the LLM's
 // layers).
@@ -777,9 +778,13 @@ struct MemoryLevels {
 MemoryLevels LevelsOf(const Config& c) {
   MemoryLevels m;
   m.pp = c.parallel.pp;
-  const bool flash = c.model.attention == Attention::kFlash;
+  // Selective recompute of the core attention alone keeps only the log-sum-exp less with
+  // FlashAttention; other recompute_modules make it a rung of its own.
+  const bool flash =
+      c.model.attention == Attention::kFlash && c.training.recompute_modules == kRecCoreAttn;
+  const bool moe = c.model.llm.moe.experts > 0;  // most layers are MoE layers
   auto text_bytes = [&](MemoryMode mode) {
-    return TextLayerCost(c, false, mode.recompute, mode.storage).act_bytes;
+    return TextLayerCost(c, moe, mode.recompute, mode.storage).act_bytes;
   };
   for (int r = 0; r < m.pp; ++r)
     m.ladders.push_back(

@@ -65,13 +65,15 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc, ActStorag
   lc.fwd_flops = 2 * T * attn_params + lc.attn_core_flops;
   lc.model_flops = 2 * T * attn_params + 0.5 * scores;
   lc.linear_flops = 2 * T * attn_params;
-  double ffn_act;  // FFN activation bytes per token (before sharding)
+  double ffn_act;                // FFN activation bytes per token (before sharding)
+  double ffn_flops, ffn_linear;  // forward FLOPs of the FFN (or MoE block), of its FP8 GEMMs
   if (moe_layer) {
     const double E = l.moe.experts, k = l.moe.top_k, fe = l.moe.expert_ffn,
                  sh = l.moe.shared_experts;
-    const double ffn_flops = 2 * T * h * E + 2 * T * (k + sh) * h * fe * mats;
+    ffn_linear = 2 * T * (k + sh) * h * fe * mats;  // the router stays in bf16
+    ffn_flops = 2 * T * h * E + ffn_linear;
     lc.fwd_flops += ffn_flops, lc.model_flops += ffn_flops;
-    lc.linear_flops += 2 * T * (k + sh) * h * fe * mats;  // the router stays in bf16
+    lc.linear_flops += ffn_linear;
     lc.params_per_gpu =
         attn_params / tp + (E / p.ep) * h * fe * mats + sh * h * fe * mats / tp + h * E;
     ffn_act = 2 * mats * (k + sh) * fe;
@@ -81,8 +83,9 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc, ActStorag
       lc.ep_bytes = 2 * (T / shard) * k * h * kBf16 * (p.ep - 1) / p.ep;
     }
   } else {
-    lc.fwd_flops += 2 * T * h * l.ffn * mats, lc.model_flops += 2 * T * h * l.ffn * mats;
-    lc.linear_flops += 2 * T * h * l.ffn * mats;
+    ffn_flops = ffn_linear = 2 * T * h * l.ffn * mats;
+    lc.fwd_flops += ffn_flops, lc.model_flops += ffn_flops;
+    lc.linear_flops += ffn_linear;
     lc.params_per_gpu = (attn_params + h * l.ffn * mats) / tp;
     ffn_act = 2 * mats * l.ffn;
   }
@@ -101,7 +104,11 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc, ActStorag
           T / shard;
   // Korthikanti et al.: 34*s*b*h + 5*a*s^2*b per layer for a 4h GELU FFN, i.e. 18*h for
   // attention, norms and FFN input plus 4*f for the FFN (6*f gated); full recompute keeps
-  // the layer input (2*s*b*h). Sharded over tp (sequence parallel) and cp. The 5*a*s^2*b
+  // the layer input (2*s*b*h). Of the 16*h that are bf16: the two norms' inputs (2*h each)
+  // and outputs (the QKV and FC1 / router inputs, 2*h each), Q and K (4*h), V (2*h), the
+  // output projection's input (2*h). An MoE layer also keeps the dispatched tokens, its
+  // routed experts' FC1 input (2*h per routed copy), which the dense count has no place
+  // for. Sharded over tp (sequence parallel) and cp. The 5*a*s^2*b
   // are unfused attention's softmax output (2 bytes), dropout mask (1) and dropout output
   // (2), kept without recompute; without dropout only the softmax output. FlashAttention
   // keeps no s^2 tensor, only the fp32 log-sum-exp per head and token.
@@ -111,18 +118,25 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc, ActStorag
   // attention-dropout mask; the log-sum-exp is fp32: FP8 storage leaves those as they are
   // and quantises the bf16 rest (as it does the 10*s*b*h replicated without sequence
   // parallelism: kept bf16 here, an overestimate).
-  double bf16 = 0, other = 0;
-  switch (rc) {
-    case Recompute::kNone:
-      bf16 = T * (16 * h + ffn_act) + (flash ? 0 : (dropout ? 4.0 : 2.0) * l.heads * s * T);
-      other = 2 * T * h + (flash ? 4.0 * l.heads * T : dropout ? 1.0 * l.heads * s * T : 0);
-      break;
-    case Recompute::kSelective:
-      bf16 = T * (16 * h + ffn_act), other = 2 * T * h;
-      break;
-    case Recompute::kFull:
-      bf16 = 2 * T * h;
-      break;
+  // Selective recompute drops the classes of training.recompute_modules: core_attn the s^2
+  // tensors (or the log-sum-exp), layernorm the norms' outputs (4*h), moe_act the experts'
+  // activation output (FC2's input, 2 bytes per FFN element), mlp / moe everything the
+  // FFN or MoE block keeps (its FFN outputs, the dispatched tokens) but its input.
+  const double dispatch = moe_layer ? 2 * h * l.moe.top_k : 0;
+  const double act_out = 2 * ffn_elems;
+  const uint8_t mods = rc == Recompute::kSelective ? c.training.recompute_modules : 0;
+  const bool whole_ffn = mods & (moe_layer ? kRecMoe : kRecMlp);
+  const bool moe_act = moe_layer && (mods & kRecMoeAct) && !whole_ffn;
+  double bf16 = 2 * T * h, other = 0;  // full recompute: the layer's input
+  if (rc != Recompute::kFull) {
+    bf16 = T * (16 * h + ffn_act + dispatch), other = 2 * T * h;
+    if (!(mods & kRecCoreAttn)) {
+      bf16 += flash ? 0 : (dropout ? 4.0 : 2.0) * l.heads * s * T;
+      other += flash ? 4.0 * l.heads * T : dropout ? 1.0 * l.heads * s * T : 0;
+    }
+    if (mods & kRecLayernorm) bf16 -= 4 * h * T;
+    if (whole_ffn) bf16 -= T * (ffn_act + dispatch);
+    if (moe_act) bf16 -= T * act_out;
   }
   const SavedBytes saved = Saved(bf16 / shard, other / shard, storage);
   lc.act_bytes = saved.kept;
@@ -153,6 +167,31 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc, ActStorag
   if (p.tp > 1) {  // sequence parallel: 2 all-gathers + 2 reduce-scatters (= 2 all-reduces) per F
     lc.tp_calls = c.training.sequence_parallel ? 4 : 2;
     lc.tp_bytes = 2 * (2 * (tp - 1) / tp) * (T / cp) * h * kBf16;
+  }
+  LayerCost::Again& a = lc.again;
+  if (rc == Recompute::kFull) {
+    a = {lc.fwd_flops,    lc.attn_core_flops,
+         lc.linear_flops, lc.elementwise_bytes + lc.attn_hbm_f + lc.fp8_cast_f,
+         lc.tp_bytes,     lc.ep_bytes,
+         lc.tp_calls,     lc.ep_calls};
+    return lc;
+  }
+  if (mods & kRecCoreAttn) a.flops += lc.attn_core_flops, a.attn_flops += lc.attn_core_flops;
+  if (mods & kRecCoreAttn) a.hbm_bytes += lc.attn_hbm_f;
+  if (mods & kRecLayernorm) a.hbm_bytes += 8 * h * T / (sp * cp);  // both norms again
+  const double act_hbm = (l.gated_ffn ? 6 : 4) * ffn_elems * T / shard;
+  if (moe_act) a.hbm_bytes += act_hbm;
+  if (whole_ffn) {
+    // The block's forward from its input: its GEMMs (and the router), the activation, for
+    // MoE the token permutation and the dispatch and combine all-to-alls, and with TP its
+    // half of the layer's collectives (the all-gather before and the reduce-scatter after).
+    const double copies = moe_layer ? l.moe.top_k + l.moe.shared_experts : 1;
+    a.flops += ffn_flops, a.linear_flops += ffn_linear;
+    a.hbm_bytes += act_hbm + (moe_layer ? 8.0 * l.moe.top_k * h * T / shard : 0);
+    if (c.training.precision == Precision::kFp8)
+      a.hbm_bytes += 4 * (copies * h + ffn_elems) * T / shard;
+    a.tp_bytes += lc.tp_bytes / 2, a.tp_calls += lc.tp_calls / 2;
+    a.ep_bytes += lc.ep_bytes, a.ep_calls += lc.ep_calls;
   }
   return lc;
 }
@@ -224,15 +263,10 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
       const bool kept = !(lr == Recompute::kFull && !block && i % n != 0);
       const int k = 2 * static_cast<int>(lr) + st;
       const LayerCost& lc = IsMoeLayer(l, layer) ? moe_of[k] : dense_of[k];
-      if (lr == Recompute::kFull) {
-        rec_flops += lc.fwd_flops, rec_attn += lc.attn_core_flops, rec_linear += lc.linear_flops;
-        rec_hbm += lc.elementwise_bytes + lc.attn_hbm_f + lc.fp8_cast_f;
-        rec_tp += lc.tp_bytes, rec_tp_calls += lc.tp_calls;
-        rec_ep += lc.ep_bytes, rec_ep_calls += lc.ep_calls;
-      } else if (lr == Recompute::kSelective) {
-        rec_flops += lc.attn_core_flops, rec_attn += lc.attn_core_flops;
-        rec_hbm += lc.attn_hbm_f;
-      }
+      const LayerCost::Again& a = lc.again;
+      rec_flops += a.flops, rec_attn += a.attn_flops, rec_linear += a.linear_flops;
+      rec_hbm += a.hbm_bytes, rec_tp += a.tp_bytes, rec_tp_calls += a.tp_calls;
+      rec_ep += a.ep_bytes, rec_ep_calls += a.ep_calls;
       f.flops += lc.fwd_flops;
       f.model_flops += lc.model_flops;
       attn_core += lc.attn_core_flops;

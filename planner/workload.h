@@ -34,6 +34,12 @@ struct LayerCost {
   // A split backward: bytes per GPU its weight-gradient pass (W) needs after the input-
   // gradient pass (I): every linear layer's input and output gradient, bf16.
   double wgrad_keep_bytes = 0;
+  // What the backward runs again under the layer's recompute mode (full: the forward;
+  // selective: training.recompute_modules), with its folded communication.
+  struct Again {
+    double flops = 0, attn_flops = 0, linear_flops = 0, hbm_bytes = 0, tp_bytes = 0, ep_bytes = 0;
+    int tp_calls = 0, ep_calls = 0;
+  } again;
 };
 
 struct TextWorkload {

@@ -365,3 +365,84 @@ TEST_CASE("encoder and generator backward recompute: selective runs the core att
           full.generator[i].f, full.generator[i].b);
   }
 }
+
+TEST_CASE("training.recompute_modules: what selective recompute drops and runs again, by hand") {
+  // pp 2: stage 0 holds 2 layers (and the embedding, the same in every mode).
+  auto stage0 = [](std::vector<std::string> sets) {
+    return BuildTextWorkload(SmallConfig(PipelineKind::k1F1B, 2, 1, 4, 2, std::move(sets)));
+  };
+  const double L = 2, T = kT, h = kH, f = 1024;
+  SUBCASE("dense layers: layernorm and mlp") {
+    const TextWorkload attn = stage0({}), attn2 = stage0({"training.recompute_modules=[core_attn]"});
+    CHECK(attn.f[0] == attn2.f[0]);  // the default is Megatron's: the core attention
+    CHECK(attn.b[0] == attn2.b[0]);
+    // layernorm: the two norms' outputs (2*h bytes each per token) are not kept; the
+    // backward runs both norms again (read 2*h, write 2*h bytes each).
+    const TextWorkload ln = stage0({"training.recompute_modules=[core_attn, layernorm]"});
+    CHECK(attn.f[0].mem_delta_bytes - ln.f[0].mem_delta_bytes == doctest::Approx(L * 4 * h * T));
+    CHECK(ln.b[0].hbm_bytes - attn.b[0].hbm_bytes == doctest::Approx(L * 8 * h * T));
+    CHECK(ln.b[0].flops == attn.b[0].flops);
+    // mlp (SwiGLU, the default FFN): the gate and up outputs and SwiGLU's output (3 x 2
+    // bytes per FFN element) are not kept; the backward runs the gate, up and down GEMMs
+    // again (3 x 2*T*h*f FLOPs) and SwiGLU (read gate and up, write one: 6 bytes).
+    const TextWorkload mlp = stage0({"training.recompute_modules=[core_attn, mlp]"});
+    CHECK(attn.f[0].mem_delta_bytes - mlp.f[0].mem_delta_bytes == doctest::Approx(L * 6 * f * T));
+    CHECK(mlp.b[0].flops - attn.b[0].flops == doctest::Approx(L * 3 * 2 * T * h * f));
+    CHECK(mlp.b[0].hbm_bytes - attn.b[0].hbm_bytes == doctest::Approx(L * 6 * f * T));
+    // moe_act and moe touch no dense layer.
+    const TextWorkload moe = stage0({"training.recompute_modules=[core_attn, moe_act, moe]"});
+    CHECK(moe.f[0] == attn.f[0]);
+    CHECK(moe.b[0] == attn.b[0]);
+  }
+  SUBCASE("MoE layers: the dispatched tokens, moe_act and moe") {
+    // 8 experts, top-2, SwiGLU experts of 512, over ep 2 (the 2 replicas).
+    const double k = 2, fe = 512, E = 8, heads = 4;
+    const std::vector<std::string> moe = {
+        "model.llm.moe={experts: 8, top_k: 2, expert_ffn: 512}", "model.llm.gated_ffn=true",
+        "parallelism.ep=2"};
+    auto with = [&](std::vector<std::string> more) {
+      std::vector<std::string> sets = moe;
+      sets.insert(sets.end(), more.begin(), more.end());
+      return stage0(sets);
+    };
+    // Without recompute, per token and layer: Korthikanti's 16*h bf16 + 2*h of masks, the
+    // fp32 log-sum-exp per head, each routed copy's gate, up and SwiGLU outputs (3 x 2 bytes
+    // per expert FFN element) and its FC1 input (the dispatched token, 2*h).
+    const TextWorkload none = with({"training.recompute=none"});
+    CHECK(none.f[0].mem_delta_bytes ==
+          doctest::Approx(L * T * (16 * h + 2 * h + 4 * heads + k * (6 * fe + 2 * h))));
+    const TextWorkload attn = with({});
+    CHECK(none.f[0].mem_delta_bytes - attn.f[0].mem_delta_bytes ==
+          doctest::Approx(L * T * 4 * heads));
+    // moe_act: the SwiGLU output is not kept (2 bytes per element per routed copy); the
+    // backward runs SwiGLU again (read gate and up, write one: 6 bytes).
+    const TextWorkload act = with({"training.recompute_modules=[core_attn, moe_act]"});
+    CHECK(attn.f[0].mem_delta_bytes - act.f[0].mem_delta_bytes ==
+          doctest::Approx(L * T * k * 2 * fe));
+    CHECK(act.b[0].hbm_bytes - attn.b[0].hbm_bytes == doctest::Approx(L * T * k * 6 * fe));
+    CHECK(act.b[0].flops == attn.b[0].flops);
+    CHECK(act.b[0].ep_bytes == attn.b[0].ep_bytes);
+    // moe: the block keeps only its input. The backward runs the router (2*T*h*E), the
+    // experts (3 GEMMs of 2*T*h*fe per routed copy), SwiGLU, the permutation to and from the
+    // experts (2 x 2 x 2*h bytes per routed copy) and both all-to-alls again: each moves
+    // T*k*h bf16 of which (ep-1)/ep leaves the GPU.
+    const TextWorkload all = with({"training.recompute_modules=[core_attn, moe_act, moe]"});
+    CHECK(attn.f[0].mem_delta_bytes - all.f[0].mem_delta_bytes ==
+          doctest::Approx(L * T * k * (6 * fe + 2 * h)));
+    CHECK(all.b[0].flops - attn.b[0].flops ==
+          doctest::Approx(L * (2 * T * h * E + k * 3 * 2 * T * h * fe)));
+    CHECK(all.b[0].hbm_bytes - attn.b[0].hbm_bytes ==
+          doctest::Approx(L * T * k * (6 * fe + 8 * h)));
+    CHECK(all.b[0].ep_bytes - attn.b[0].ep_bytes == doctest::Approx(L * 2 * T * k * h * 2 * 0.5));
+    CHECK(all.b[0].ep_calls - attn.b[0].ep_calls == L * 2);
+  }
+  SUBCASE("errors name the key") {
+    const Config plain = SmallConfig(PipelineKind::k1F1B, 2, 1, 4);
+    CHECK(ParseError(plain, {"training.recompute=full", "training.recompute_modules=[layernorm]"}) ==
+          "--set training.recompute_modules=[layernorm]: 'training.recompute_modules' applies to "
+          "selective recompute; no pipeline rank has 'training.recompute: selective'");
+    CHECK(ParseError(plain, {"training.recompute_modules=[attention]"}).find(
+              "bad value 'attention' in the list 'training.recompute_modules' (expected one of: "
+              "core_attn, layernorm, moe_act, mlp, moe)") != std::string::npos);
+  }
+}
