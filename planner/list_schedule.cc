@@ -113,7 +113,7 @@ class Pass {
   void Post(int r, int gang);
   int PickForward(int r, double t, double gap, bool any_window = false);
   int PickBackward(int r, double t, double gap);
-  int Steal(double t, double gap);
+  int Steal(int r, double t, double gap);
   // Between the two ops of an overlapped pair (dualpipev's F and B run as one unit).
   bool InsidePair(int r) const {
     const auto& order = in_.orders[Stage(r)];
@@ -158,7 +158,8 @@ class Pass {
     return in_.bytes.empty() ? 0 : in_.bytes[task] * Share(task, piece, piece + 1);
   }
   bool OverBudget(int r, double extra) const {
-    return rules_.memory_budget_bytes > 0 && alive_[r] + extra > rules_.memory_budget_bytes;
+    return (rules_.memory_budget_bytes > 0 && alive_[r] + extra > rules_.memory_budget_bytes) ||
+           (!rules_.memory_room_bytes.empty() && alive_[r] + extra > rules_.memory_room_bytes[r]);
   }
   bool BackwardOverdue(int task, double t) const {
     if (jobs_[task].gang == kNone && OverBudget(jobs_[task].rank, 0)) return true;
@@ -314,12 +315,12 @@ int Pass::PickBackward(int r, double t, double gap) {
   return NextBackward(task) <= gap ? task : kNone;
 }
 
-int Pass::Steal(double t, double gap) {
+int Pass::Steal(int r, double t, double gap) {
   auto it = stealable_.upper_bound({gap, std::numeric_limits<int>::max()});
   for (int tries = 0; tries < kScan && it != stealable_.begin(); ++tries) {
     --it;
     const int task = it->second;
-    if (LatestStart(task) >= t) return task;
+    if (LatestStart(task) >= t && !OverBudget(r, PieceBytes(task, jobs_[task].f_next))) return task;
   }
   return kNone;
 }
@@ -594,7 +595,7 @@ bool Pass::Decide(int r) {
   const double gap = text_left ? ready - t : kInf;
   if (BackwardPhase(r) && try_run(PickBackward(r, t, gap), true)) return true;
   if (ForwardPhase(r) && try_run(PickForward(r, t, gap), false)) return true;
-  if (rules_.steal && text_left && try_run(Steal(t, gap), false)) return true;
+  if (rules_.steal && text_left && try_run(Steal(r, t, gap), false)) return true;
   if (text_left && vision() && PullWeight(r, t, gap)) return true;
   if (text_left) {
     RunText(r, ready);

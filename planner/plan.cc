@@ -19,6 +19,7 @@
 #include "planner/schedules.h"
 #include "planner/workload.h"
 #include "simulator/engine.h"
+#include "simulator/memory.h"
 
 namespace pipeplan {
 namespace {
@@ -182,14 +183,48 @@ std::vector<std::vector<int>> PieceBounds(const Config& c, const ListInput& in) 
   return bounds;
 }
 
+// Per rank, the encoder activation bytes per GPU its device memory has room for: the HBM
+// less the rank's static bytes (weights, gradients, optimizer states, reserve) and the peak
+// of its text activations over its schedule order (a generator's not counted); empty
+// without a capacity.
+std::vector<double> EncoderRoom(const Config& c, const PipelineShape& shape,
+                                const std::vector<StageOrder>& orders, const TextWorkload& tw,
+                                const std::vector<RankInfo>& ranks) {
+  const MemoryOptions o = SimOptionsFor(c).memory;
+  if (o.hbm_bytes <= 0) return {};
+  std::vector<double> text_peak(shape.pp, 0);
+  for (int s = 0; s < shape.pp; ++s) {
+    double alive = 0;
+    for (const Step& st : orders[s]) {
+      const std::vector<Work>& of = st.kind == OpKind::kF   ? tw.f
+                                    : st.kind == OpKind::kI ? tw.i
+                                    : st.kind == OpKind::kW ? tw.w
+                                                            : tw.b;
+      alive += of[shape.global(st.chunk, s)].mem_delta_bytes;
+      text_peak[s] = std::max(text_peak[s], alive);
+    }
+  }
+  std::vector<double> room;
+  for (const RankInfo& ri : ranks) {
+    double host;
+    const auto fixed = StaticMemory(ri, shape.vp, o, &host);
+    room.push_back(o.hbm_bytes - std::accumulate(fixed.begin(), fixed.end(), 0.0) -
+                   text_peak[ri.pp]);
+  }
+  return room;
+}
+
 // The list-scheduled placement of a policy: the alternatives its rules allow, the shortest
 // predicted step kept. Nested may also keep Optimus's phases under its windows and budget,
 // and, when no window was asked for, let its budget alone bound the memory; bubble-fill
 // may use every placement nested may (so it is never slower), with or without moving
-// tasks, with or without starting gangs only in common gaps. `text`: the text-only pass.
+// tasks, with or without starting gangs only in common gaps; its own rules keep each
+// rank's encoder activations within `room` (EncoderRoom). `text`: the text-only pass.
 StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const ListInput& in,
-                                 const ModalityWork& w, const TextTimeline& text) {
-  const ListRules rules = RulesOf(c, policy, in);
+                                 const ModalityWork& w, const TextTimeline& text,
+                                 const std::vector<double>& room) {
+  ListRules rules = RulesOf(c, policy, in);
+  if (policy == ModalityPolicy::kBubbleFill) rules.memory_room_bytes = room;
   std::vector<ListRules> all{rules};
   if (policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill) {
     ListRules nested = RulesOf(c, ModalityPolicy::kNested, in);
@@ -253,7 +288,10 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         const bool timed_too =
             policy == ModalityPolicy::kBubbleFill && !w.vision.empty() && TimedPlacementFits(c);
         ASSIGN_OR_RETURN(TextTimeline tl, ScheduleText(in));
-        ASSIGN_OR_RETURN(ListResult placed, PlaceListed(c, policy, in, w, tl));
+        const std::vector<double> room = policy == ModalityPolicy::kBubbleFill
+                                             ? EncoderRoom(c, shape, orders, tw, ranks)
+                                             : std::vector<double>{};
+        ASSIGN_OR_RETURN(ListResult placed, PlaceListed(c, policy, in, w, tl, room));
         if (timed_too) {
           // The same images placed on the stages where they can be hidden (the text-only
           // timeline's idle time), kept if the step is shorter.
@@ -263,7 +301,7 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
           ModalityWork timed_work = BuildModalityWork(c, batch, timed, false);
           ListInput tin = ListInputOf(c, shape, orders, tw, ranks, timed_work, sharded);
           tin.bounds = PieceBounds(c, tin);
-          ASSIGN_OR_RETURN(ListResult tplaced, PlaceListed(c, policy, tin, timed_work, tl));
+          ASSIGN_OR_RETURN(ListResult tplaced, PlaceListed(c, policy, tin, timed_work, tl, room));
           if (tplaced.makespan_s < placed.makespan_s)
             w = std::move(timed_work), in = std::move(tin), placed = std::move(tplaced);
         }

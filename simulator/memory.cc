@@ -29,6 +29,25 @@ const char* MemCatName(int cat) {
   return kCatNames[cat];
 }
 
+std::array<double, kNumMemCats> StaticMemory(const RankInfo& ri, int vp, const MemoryOptions& o,
+                                             double* host) {
+  std::array<double, kNumMemCats> cur{};
+  *host = 0;
+  for (int m = 0; m < 3; ++m) {
+    const double p = ri.params[m], shard = std::max(1.0, ri.state_shard[m]);
+    cur[kWeights] += 2 * p;
+    if (m == 0 && o.grads_on_host) {
+      cur[kGrads] += 2 * 4 * p / std::max(1, vp);
+      *host += 4 * p / shard;
+    } else {
+      cur[kGrads] += 4 * p / (o.zero_stage >= 2 ? shard : 1);
+    }
+    cur[kOptimizer] += 12 * p / (o.zero_stage >= 1 ? shard : 1);
+  }
+  cur[kReserve] = o.reserve_bytes;
+  return cur;
+}
+
 std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const MemoryOptions& o,
                                       bool with_curves) {
   std::vector<RankMemory> out(t.num_ranks());
@@ -46,23 +65,8 @@ std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const 
       held[t.peer(i)].push_back(
           {t.kind(i) == OpKind::kOffload ? tl.start[i] : tl.end[i], i, kHeld});
   for (int32_t r = 0; r < t.num_ranks(); ++r) {
-    const RankInfo& ri = t.ranks()[r];
-    // bf16 weights, fp32 main gradients (sharded with ZeRO-2), fp32 master and two moments
-    // (sharded with ZeRO >= 1), each over the module's state_shard ranks.
-    std::array<double, kNumMemCats> cur{};
     double host = 0;
-    for (int m = 0; m < 3; ++m) {
-      const double p = ri.params[m], shard = std::max(1.0, ri.state_shard[m]);
-      cur[kWeights] += 2 * p;
-      if (m == 0 && o.grads_on_host) {
-        cur[kGrads] += 2 * 4 * p / std::max(1, t.meta().vp);
-        host += 4 * p / shard;
-      } else {
-        cur[kGrads] += 4 * p / (o.zero_stage >= 2 ? shard : 1);
-      }
-      cur[kOptimizer] += 12 * p / (o.zero_stage >= 1 ? shard : 1);
-    }
-    cur[kReserve] = o.reserve_bytes;
+    std::array<double, kNumMemCats> cur = StaticMemory(t.ranks()[r], t.meta().vp, o, &host);
     RankMemory& rm = out[r];
     // Memory effects in time order (ties: sequence order): device effects at the op's end
     // (a RELOAD's at its start), host effects of copies at an OFFLOAD's start and a

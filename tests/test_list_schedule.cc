@@ -516,3 +516,52 @@ TEST_CASE("list scheduler: a rank runs its ready text before a gang its partner 
   CHECK(r->vision[3].f_at == doctest::Approx(3.5));
   CHECK(r->makespan_s == doctest::Approx(9.5));
 }
+
+TEST_CASE("list scheduler: a rank's room bounds the encoder activations it takes on") {
+  // The 1 s forward of the warm-up test (1 byte per GPU). With room for it, r1 runs it in
+  // its warm-up gap at 0. Without, no rank takes it on while it has anything else to run:
+  // r1 runs F0 [1,2] and B0 [2,4] and then, with nothing else (its F1 waits for r0's F1,
+  // which waits for this output), the forward [4,5]. Then r0 F1 [5,6] B0 [6,8], r1 F1
+  // [6,7] B1 [7,9], r0 B1 [9,11]: step 11 s.
+  ListInput in = TwoStages();
+  in.vf_s = {1}, in.vb_s = {0}, in.out_s = {0}, in.bytes = {1};
+  ModalityWork w = OneTask(1, 1);
+  for (bool steal : {false, true}) {
+    CAPTURE(steal);
+    ListRules rules;
+    rules.steal = steal;
+    rules.memory_room_bytes = {1, 1};
+    auto fits = ScheduleModality(in, w, rules);
+    REQUIRE(fits.ok());
+    CHECK(fits->vision[0].f_at == doctest::Approx(0));
+    CHECK(fits->makespan_s == doctest::Approx(9));
+    rules.memory_room_bytes = {0.5, 0.5};
+    auto full = ScheduleModality(in, w, rules);
+    REQUIRE(full.ok());
+    CHECK(full->vision[0].rank == 1);
+    CHECK(full->vision[0].f_at == doctest::Approx(4));
+    CHECK(full->makespan_s == doctest::Approx(11));
+  }
+}
+
+TEST_CASE("bubble-fill fits the encoder into the memory its ranks have left") {
+  // configs/default.yaml at 16 micro-batches: with the catalog's 80 GB, bubble-fill's plan
+  // peaks at 14.66 GiB. On a device of 15.5 GB (14.44 GiB) that plan would not fit; the
+  // plan made for that device keeps the encoder within each rank's room and fits, no
+  // slower than nested's.
+  const std::string path = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/default.yaml";
+  auto simulate = [&](const std::string& policy, const std::string& hbm) {
+    auto c = LoadConfig(path, {"schedule.modality=" + policy, "training.microbatches=16",
+                               "cluster.hardware.hbm_bytes=" + hbm});
+    REQUIRE_MESSAGE(c.ok(), c.status().message());
+    const Table t = Plan(*c);
+    auto r = RunSimulation(t, SimOptionsFor(*c));
+    REQUIRE_MESSAGE(r.ok(), r.status().message());
+    return r->metrics;
+  };
+  const Metrics roomy = simulate("bubble-fill", "80e9"), tight = simulate("bubble-fill", "15.5e9");
+  const Metrics nested = simulate("nested", "15.5e9");
+  CHECK(roomy.peak_memory_bytes > 15.5e9);
+  CHECK(tight.peak_memory_bytes <= 15.5e9);
+  CHECK(tight.step_time_s <= nested.step_time_s);
+}
