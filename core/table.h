@@ -75,6 +75,9 @@ struct RankInfo {
   // are further sharded: text: dp; a replicated encoder: its sync group; FSDP: 1 (`params`
   // are already shards).
   double state_shard[3] = {1, 1, 1};
+  // Of params[0], the 2-D weights Muon updates (training.optimizer: muon): an fp32 momentum
+  // each instead of Adam's two moments.
+  double muon_params = 0;
   friend bool operator==(const RankInfo&, const RankInfo&) = default;
 };
 

@@ -189,6 +189,7 @@ Status StreamPb(const Table& t, Sink&& sink) {
     pr->set_node(r.node);
     for (double v : r.params) pr->add_params(v);
     for (double v : r.state_shard) pr->add_state_shard(v);
+    pr->set_muon_params(r.muon_params);
   }
   for (int32_t r = 0; r < t.num_ranks(); ++r) p.add_rank_op_count(t.rank_end(r) - t.rank_begin(r));
   for (const Work& w : t.works()) {
@@ -300,6 +301,7 @@ StatusOr<Table> ParsePb(const std::string& bytes) {
     r.state_shard[0] = pm.dp;  // plans written before state_shard: the text shards over DP
     for (int i = 0; i < std::min(3, pr.state_shard_size()); ++i)
       r.state_shard[i] = pr.state_shard(i);
+    r.muon_params = pr.muon_params();
     c.ranks().push_back(r);
   }
   if (!Prefix(p.rank_op_count(), &c.rank_begin())) return InvalidInput("plan rank index overflows");
@@ -340,14 +342,17 @@ json HeaderJson(const Table& t) {
   j["format_version"] = 1;
   j["meta"] = MetaToJson(t.meta());
   json ranks = json::array();
-  for (const RankInfo& r : t.ranks())
-    ranks.push_back({{"dp", r.dp},
-                     {"pp", r.pp},
-                     {"gpus", r.gpus},
-                     {"first_gpu", r.first_gpu},
-                     {"node", r.node},
-                     {"params", {r.params[0], r.params[1], r.params[2]}},
-                     {"state_shard", {r.state_shard[0], r.state_shard[1], r.state_shard[2]}}});
+  for (const RankInfo& r : t.ranks()) {
+    json rank = {{"dp", r.dp},
+                 {"pp", r.pp},
+                 {"gpus", r.gpus},
+                 {"first_gpu", r.first_gpu},
+                 {"node", r.node},
+                 {"params", {r.params[0], r.params[1], r.params[2]}},
+                 {"state_shard", {r.state_shard[0], r.state_shard[1], r.state_shard[2]}}};
+    if (r.muon_params > 0) rank["muon_params"] = r.muon_params;  // only where set
+    ranks.push_back(std::move(rank));
+  }
   j["ranks"] = std::move(ranks);
   json works = json::array();
   for (const Work& w : t.works()) works.push_back(WorkToJson(w));
@@ -614,6 +619,7 @@ StatusOr<Table> FromJson(const std::string& text) {
       ri.state_shard[0] = c.meta().dp;  // plans written before state_shard: text over DP
       if (r.contains("state_shard"))
         for (int k = 0; k < 3; ++k) ri.state_shard[k] = r.at("state_shard").at(k);
+      ri.muon_params = r.value("muon_params", 0.0);
       c.ranks().push_back(ri);
     }
     for (const json& w : j.at("works")) c.works().push_back(WorkFromJson(w));

@@ -506,8 +506,11 @@ StatusOr<Table> PlanOnce(const Config& c) {
       Multimodal(c) ? BuildModalityWork(c, StepBatch{}, VisionPool{}, false) : ModalityWork{};
   const std::vector<ModalityLayout> layouts = ModalityLayouts(c, shape, ranks, params_only);
   for (int32_t r = 0; r < static_cast<int32_t>(ranks.size()); ++r) {
-    for (int ch = 0; ch < p.vp; ++ch)
-      ranks[r].params[0] += tw.params_per_gpu[shape.global(ch, ranks[r].pp)];
+    for (int ch = 0; ch < p.vp; ++ch) {
+      const int g = shape.global(ch, ranks[r].pp);
+      ranks[r].params[0] += tw.params_per_gpu[g];
+      if (c.training.muon) ranks[r].muon_params += MuonOfStage(c, p.stages[g]).params_per_gpu;
+    }
     for (const ModalityLayout& l : layouts) {
       const int m = static_cast<int>(l.module);
       ranks[r].params[m] = l.per_gpu(r, world);
@@ -577,11 +580,10 @@ StatusOr<Table> PlanOnce(const Config& c) {
     for (int m = 0; m < 3; ++m)
       params += ranks[s].params[m] / (c.training.zero_stage >= 1 ? ranks[s].state_shard[m] : 1);
     MuonCost muon;
+    muon.params_per_gpu = ranks[s].muon_params;
     if (c.training.muon)
-      for (int ch = 0; ch < shape.vp; ++ch) {
-        const MuonCost one = MuonOfStage(c, p.stages[shape.global(ch, s)]);
-        muon.params_per_gpu += one.params_per_gpu, muon.ns_flops_per_gpu += one.ns_flops_per_gpu;
-      }
+      for (int ch = 0; ch < shape.vp; ++ch)
+        muon.ns_flops_per_gpu += MuonOfStage(c, p.stages[shape.global(ch, s)]).ns_flops_per_gpu;
     // Muon: the momentum update (read gradient and momentum, write momentum: 12 bytes per
     // parameter) and the update applied (read master, write it and the bf16 weight: 10) over
     // the GPU's shard, plus Newton-Schulz (bf16 GEMMs) on the matrices it owns; the cp GPUs

@@ -42,7 +42,9 @@ std::array<double, kNumMemCats> StaticMemory(const RankInfo& ri, int vp, const M
     } else {
       cur[kGrads] += 4 * p / (o.zero_stage >= 2 ? shard : 1);
     }
-    cur[kOptimizer] += 12 * p / (o.zero_stage >= 1 ? shard : 1);
+    // Adam: fp32 master and two moments; Muon (its 2-D weights): master and one momentum.
+    const double muon = m == 0 ? ri.muon_params : 0;
+    cur[kOptimizer] += (12 * (p - muon) + 8 * muon) / (o.zero_stage >= 1 ? shard : 1);
   }
   cur[kReserve] = o.reserve_bytes;
   return cur;

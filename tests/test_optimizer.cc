@@ -7,6 +7,7 @@
 #include "planner/plan.h"
 #include "planner/validate.h"
 #include "planner/workload.h"
+#include "simulator/memory.h"
 #include "simulator/metrics.h"
 
 using namespace pipeplan;
@@ -91,4 +92,22 @@ TEST_CASE("muon: its keys need training.optimizer: muon") {
   CHECK(bad.status().message().find(
             "'training.muon_gather' applies only with 'training.optimizer: muon'") !=
         std::string::npos);
+}
+
+TEST_CASE("muon: its weights keep one fp32 momentum, not Adam's two moments") {
+  // Optimizer states per GPU (ZeRO-1 over dp 2): Adam 12 bytes per parameter (fp32 master,
+  // two moments); Muon's 2-D weights 8 (master, momentum). Stage 0's Muon weights: the
+  // by-hand count of the test above.
+  const double muon = 2 * (256 * 768 + 256 * 256 + 256 * 2048 + 1024 * 256);
+  auto optimizer = [](const Config& c) {
+    const Table t = Plan(c);
+    auto r = RunSimulation(t, SimOptionsFor(c));
+    REQUIRE_MESSAGE(r.ok(), r.status().message());
+    return r->memory[0].peak_by_cat[kOptimizer];
+  };
+  const Config adam = SmallConfig(PipelineKind::k1F1B, 4, 1, 4, 2), m = Muon();
+  const Table t = Plan(m);
+  CHECK(t.ranks()[0].muon_params == muon);
+  CHECK(Plan(adam).ranks()[0].muon_params == 0);
+  CHECK(optimizer(adam) - optimizer(m) == doctest::Approx(4 * muon / 2));
 }
