@@ -29,11 +29,13 @@ Tensor Row0(const Tensor& x, int d) {
   return Tensor(x.begin(), x.begin() + d);
 }
 
-// FP8 storage (a forward marked saved_fp8): each tensor saved from `first` on becomes E4M3
-// codes with block scales; what stays is the values its backward reads back from them.
-void StoreFp8(std::vector<Tensor>* saved, size_t first, int row, size_t end = SIZE_MAX) {
-  for (size_t k = first; k < std::min(end, saved->size()); ++k)
-    (*saved)[k] = DequantiseFp8(QuantiseFp8((*saved)[k], row));
+// FP8 storage (a forward marked saved_fp8): a saved tensor becomes E4M3 codes with block
+// scales; what stays is the values its backward reads back from them.
+void StoreFp8(Tensor* x, int row) {
+  *x = DequantiseFp8(QuantiseFp8(*x, row));
+}
+void StoreFp8From(std::vector<Tensor>* saved, size_t first, int row) {
+  for (size_t k = first; k < saved->size(); ++k) StoreFp8(&(*saved)[k], row);
 }
 
 }  // namespace
@@ -238,7 +240,7 @@ Status CpuBackend::TextForward(OpId op) {
   auto& saved = saved_[{g, mb}];
   const size_t first = saved.size();
   m_->Forward(Module::kText, w.layer_begin, w.layer_end, &x, &saved);
-  if (w.saved_fp8) StoreFp8(&saved, first, m_->width());
+  if (w.saved_fp8) StoreFp8From(&saved, first, m_->width());
   if (g == stages_ - 1 && !m_->has_generator())
     loss_ += m_->Head(x, m_->Target(replica_, mb), &dout_[{g, mb}], &grads_);
   if (g + 1 < stages_ && Here(g + 1)) in_[{g + 1, mb}] = x;  // next chunk on this rank
@@ -331,7 +333,7 @@ Status CpuBackend::VisionForward(OpId op, bool recompute) {
   const size_t first = saved.size();
   m_->Forward(Module::kVision, begin, end, &u, &saved);
   if (end == L) saved.push_back(u);  // projector input
-  if (t_.work(op).saved_fp8) StoreFp8(&saved, first, m_->width());
+  if (t_.work(op).saved_fp8) StoreFp8From(&saved, first, m_->width());
   if (end < L) {
     vision_act_[key] = std::move(u);
     return Status::Ok();
@@ -558,7 +560,8 @@ Reference RunReference(const Table& t, const TinyModel& m, bool fp8_storage) {
   std::map<std::tuple<int, int, int>, std::vector<char>> vision_fp8;
   for (OpId i = 0; fp8_storage && i < t.size(); ++i) {
     const Work& w = t.work(i);
-    if (t.kind(i) != OpKind::kF || !w.saved_fp8) continue;
+    // Vision forwards, or the RECOMPUTE that rebuilds what a forward did not keep.
+    if (!(t.kind(i) == OpKind::kF || t.kind(i) == OpKind::kRecompute) || !w.saved_fp8) continue;
     if (t.module(i) == Module::kText) {
       for (int layer = std::max(0, w.layer_begin); layer < std::min(m.text_layers(), w.layer_end);
            ++layer)
@@ -572,7 +575,7 @@ Reference RunReference(const Table& t, const TinyModel& m, bool fp8_storage) {
   }
   auto store = [&](std::vector<Tensor>* saved, const std::vector<char>& flags) {
     for (size_t k = 0; k < saved->size() && k < flags.size(); ++k)
-      if (flags[k]) StoreFp8(saved, k, m.width(), k + 1);
+      if (flags[k]) StoreFp8(&(*saved)[k], m.width());
   };
   Reference ref;
   ref.grads = m.ZeroGrads();

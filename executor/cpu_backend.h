@@ -104,7 +104,7 @@ struct Reference {
 };
 // The same micro-batches, run one after another in one process. With `fp8_storage`, the
 // tensors the plan's forwards store in FP8 (Work::saved_fp8) are stored the same way here.
-Reference RunReference(const Table& t, const TinyModel& m, bool fp8_storage = true);
+Reference RunReference(const Table& t, const TinyModel& m, bool fp8_storage);
 
 // Max relative error of a against b: max |a - b| / max(max |b|, 1e-300).
 double MaxRelativeError(const Tensor& a, const Tensor& b);

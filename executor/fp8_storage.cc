@@ -1,6 +1,8 @@
 #include "executor/fp8_storage.h"
 
 #include <algorithm>
+#include <cassert>
+#include <cfloat>
 #include <cmath>
 
 namespace pipeplan {
@@ -39,6 +41,7 @@ double FromE4M3(uint8_t code) {
 }
 
 Fp8Tensor QuantiseFp8(const Tensor& x, int row) {
+  assert(row > 0 && x.size() % row == 0);
   Fp8Tensor q;
   q.row = row;
   q.codes.resize(x.size());
@@ -47,7 +50,11 @@ Fp8Tensor QuantiseFp8(const Tensor& x, int row) {
       const size_t end = std::min(b + kFp8Block, r + row);
       double amax = 0;
       for (size_t k = b; k < end; ++k) amax = std::max(amax, std::abs(x[k]));
-      const float s = amax > 0 ? static_cast<float>(amax / kE4M3Max) : 1.0f;
+      // A normal fp32 scale (the bound's premise): blocks of extreme magnitude clamp it.
+      const float s =
+          amax > 0
+              ? static_cast<float>(std::clamp(amax / kE4M3Max, double{FLT_MIN}, double{FLT_MAX}))
+              : 1.0f;
       q.scales.push_back(s);
       for (size_t k = b; k < end; ++k) q.codes[k] = ToE4M3(x[k] / s);
     }

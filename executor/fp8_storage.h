@@ -6,7 +6,8 @@
 // Each block is scaled so that its largest magnitude maps to 448; values round to nearest,
 // ties to even, and saturate at 448.
 //
-// Error of one element x of a block with scale s (derivation in fp8_storage.cc):
+// Error of one element x of a block with scale s (derivation in fp8_storage.cc; for blocks
+// whose largest magnitude is within fp32's normal range times 448):
 //   |x - Dequantise(Quantise(x))| <= 2^-4 |x| + 2^-10 s.
 #pragma once
 

@@ -420,8 +420,9 @@ VisionTask TaskFromLoad(const Config& c, const GpuLoad& load, double model_flops
   }
   if (recompute_outputs_only) {
     t.f.mem_delta_bytes = t.out_bytes;
-    t.f.saved_fp8 = false;  // it keeps its output only; RECOMPUTE rebuilds the rest
+    // It keeps its output only; RECOMPUTE rebuilds the rest (stored as the mode says).
     t.recompute = t.f;
+    t.f.saved_fp8 = false;
     t.recompute.model_flops = 0;
     t.recompute.mem_delta_bytes = t.act_bytes;
   } else {

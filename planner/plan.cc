@@ -218,13 +218,12 @@ std::vector<double> EncoderRoom(const Config& c, const PipelineShape& shape,
 // predicted step kept. Nested may also keep Optimus's phases under its windows and budget,
 // and, when no window was asked for, let its budget alone bound the memory; bubble-fill
 // may use every placement nested may (so it is never slower), with or without moving
-// tasks, with or without starting gangs only in common gaps; its own rules keep each
-// rank's encoder activations within `room` (EncoderRoom). `text`: the text-only pass.
+// tasks, with or without starting gangs only in common gaps, each keeping every rank's
+// encoder activations within `room` (EncoderRoom). `text`: the text-only pass.
 StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const ListInput& in,
                                  const ModalityWork& w, const TextTimeline& text,
                                  const std::vector<double>& room) {
-  ListRules rules = RulesOf(c, policy, in);
-  if (policy == ModalityPolicy::kBubbleFill) rules.memory_room_bytes = room;
+  const ListRules rules = RulesOf(c, policy, in);
   std::vector<ListRules> all{rules};
   if (policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill) {
     ListRules nested = RulesOf(c, ModalityPolicy::kNested, in);
@@ -244,6 +243,7 @@ StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const L
     all.push_back(own);
     own.steal = true, own.fill_gangs = false;
     all.push_back(own);
+    for (ListRules& r : all) r.memory_room_bytes = room;
   }
   return ScheduleModality(in, w, all, text);
 }

@@ -142,7 +142,7 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc, ActStorag
   lc.act_bytes = saved.kept;
   lc.store_hbm_f = lc.store_hbm_b = saved.quantise_hbm;
   if (!c.training.sequence_parallel && rc != Recompute::kFull)
-    lc.act_bytes += 10 * T * h * (1 / cp - 1 / shard);
+    lc.act_bytes += ((mods & kRecLayernorm) ? 6 : 10) * T * h * (1 / cp - 1 / shard);
   if (c.training.precision == Precision::kFp8) {
     // Transformer Engine casts each FP8 GEMM's input in the forward and its output gradient
     // in the backward with a fused cast-transpose: read 2 bytes, write 1 + 1 (the transpose

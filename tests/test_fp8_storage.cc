@@ -34,6 +34,12 @@ TEST_CASE("E4M3: hand-worked codes, ties to even, subnormals, saturation") {
   CHECK(FromE4M3(ToE4M3(std::ldexp(1.5, -9))) == std::ldexp(2, -9));
   CHECK(ToE4M3(std::ldexp(7.5, -9)) == 0x08);
   CHECK(ToE4M3(std::ldexp(0.4, -9)) == 0x00);
+  // The mantissa carries into the exponent: 1.9375 ties between 1.875 (odd) and 2 (even).
+  CHECK(ToE4M3(1.9375) == 0x40);
+  // Above 448 (464 would round to the NaN code's 480), and infinity, saturate.
+  CHECK(ToE4M3(464.0) == 0x7E);
+  CHECK(ToE4M3(INFINITY) == 0x7E);
+  CHECK(ToE4M3(-INFINITY) == 0xFE);
   // Every finite code decodes to a value that encodes back to it.
   for (int c = 0; c < 256; ++c) {
     if ((c & 0x7F) == 0x7F) continue;
@@ -51,6 +57,12 @@ TEST_CASE("1x128 block quantisation: one scale per block of a row, error within 
   x[5] = 0;
   const Fp8Tensor q = QuantiseFp8(x, row);
   REQUIRE(q.scales.size() == 2 * rows);
+  // Blocks beyond fp32's range of scales still quantise to finite values.
+  for (double big : {1e-44, 1e42}) {
+    const Tensor z = DequantiseFp8(QuantiseFp8(Tensor{big, -big / 3, 0}, 3));
+    CHECK(std::isfinite(z[0]));
+    CHECK(z[2] == 0);
+  }
   const Tensor y = DequantiseFp8(q);
   for (int r = 0; r < rows; ++r)
     for (int b = 0; b < 2; ++b) {
@@ -58,7 +70,11 @@ TEST_CASE("1x128 block quantisation: one scale per block of a row, error within 
       double amax = 0;
       for (int k = begin; k < end; ++k) amax = std::max(amax, std::abs(x[k]));
       const float s = q.scales[2 * r + b];
-      CHECK(s == static_cast<float>(amax / 448));
+      // The block's largest magnitude maps to E4M3's largest, 448 (to fp32's rounding).
+      double ymax = 0;
+      for (int k = begin; k < end; ++k) ymax = std::max(ymax, std::abs(y[k]));
+      CHECK(ymax == 448.0 * s);
+      CHECK(ymax == doctest::Approx(amax).epsilon(1e-6));
       for (int k = begin; k < end; ++k) {
         CAPTURE(k);
         CHECK(std::abs(y[k] - x[k]) <= Fp8ErrorBound(x[k], s));
@@ -89,7 +105,7 @@ TEST_CASE("FP8 storage: forwards are marked, the CPU backend quantises, the chec
     int marked[3] = {0, 0, 0};
     for (OpId i = 0; i < t.size(); ++i) {
       if (!t.work(i).saved_fp8) continue;
-      CHECK(t.kind(i) == OpKind::kF);
+      CHECK((t.kind(i) == OpKind::kF || t.kind(i) == OpKind::kRecompute));
       ++marked[static_cast<int>(t.module(i))];
     }
     CHECK(marked[static_cast<int>(Module::kText)] > 0);
@@ -104,6 +120,23 @@ TEST_CASE("FP8 storage: forwards are marked, the CPU backend quantises, the chec
     CHECK(r->fp8_effect > 1e3 * r->grad_tolerance);
     CHECK(r->fp8_effect < 0.5);
   }
+}
+
+TEST_CASE("FP8 storage of activations a RECOMPUTE rebuilds (decoupled, outputs kept)") {
+  const Table t = Plan(MultimodalConfig(
+      "decoupled", {"schedule.decoupled_recompute=true", "model.vision.saved_activations=fp8"}));
+  int rebuilt = 0;
+  for (OpId i = 0; i < t.size(); ++i) {
+    if (t.module(i) != Module::kVision) continue;
+    CHECK_FALSE((t.kind(i) == OpKind::kF && t.work(i).saved_fp8));  // it keeps its output only
+    rebuilt += t.kind(i) == OpKind::kRecompute && t.work(i).saved_fp8;
+  }
+  CHECK(rebuilt > 0);
+  Timeline tl;
+  auto r = RunCpuLocal(t, RunOptions{}, true, &tl);
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  CHECK(r->passed());
+  CHECK(r->fp8_effect > 1e3 * r->grad_tolerance);
 }
 
 TEST_CASE("FP8 storage with a split backward and with host offload replays and checks") {

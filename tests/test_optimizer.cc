@@ -2,6 +2,7 @@
 // (targeted p2p or a naive all-gather), and their place in the plan.
 #include <doctest/doctest.h>
 
+#include "core/table_io.h"
 #include "executor/check.h"
 #include "helpers.h"
 #include "planner/plan.h"
@@ -110,4 +111,11 @@ TEST_CASE("muon: its weights keep one fp32 momentum, not Adam's two moments") {
   CHECK(t.ranks()[0].muon_params == muon);
   CHECK(Plan(adam).ranks()[0].muon_params == 0);
   CHECK(optimizer(adam) - optimizer(m) == doctest::Approx(4 * muon / 2));
+  // The plan file keeps it.
+  auto back = FromJson(ToJson(t));
+  REQUIRE(back.ok());
+  CHECK(back->ranks()[0].muon_params == muon);
+  auto pb = ParsePb(SerializePb(t));
+  REQUIRE(pb.ok());
+  CHECK(*pb == t);
 }
