@@ -58,9 +58,9 @@ struct RankMemory {
 
 // A rank's memory per GPU that does not depend on the timeline, by category: bf16 weights,
 // fp32 main gradients (sharded with ZeRO-2), fp32 master weights and two moments (one
-// momentum for Muon's weights; sharded with ZeRO >= 1), each over the module's state_shard ranks, and the reserve; `host` gets
-// the bytes it keeps in host memory (gradient shards with grads_on_host). `vp`: chunks per
-// rank (the host-gradient double buffer holds one chunk's).
+// momentum for Muon's weights; sharded with ZeRO >= 1), each over the module's state_shard ranks,
+// and the reserve; `host` gets the bytes it keeps in host memory (gradient shards with
+// grads_on_host). `vp`: chunks per rank (the host-gradient double buffer holds one chunk's).
 std::array<double, kNumMemCats> StaticMemory(const RankInfo& ri, int vp, const MemoryOptions& o,
                                              double* host);
 

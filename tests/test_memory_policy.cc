@@ -373,7 +373,8 @@ TEST_CASE("training.recompute_modules: what selective recompute drops and runs a
   };
   const double L = 2, T = kT, h = kH, f = 1024;
   SUBCASE("dense layers: layernorm and mlp") {
-    const TextWorkload attn = stage0({}), attn2 = stage0({"training.recompute_modules=[core_attn]"});
+    const TextWorkload attn = stage0({}),
+                       attn2 = stage0({"training.recompute_modules=[core_attn]"});
     CHECK(attn.f[0] == attn2.f[0]);  // the default is Megatron's: the core attention
     CHECK(attn.b[0] == attn2.b[0]);
     // layernorm: the two norms' outputs (2*h bytes each per token) are not kept; the
@@ -397,9 +398,8 @@ TEST_CASE("training.recompute_modules: what selective recompute drops and runs a
   SUBCASE("MoE layers: the dispatched tokens, moe_act and moe") {
     // 8 experts, top-2, SwiGLU experts of 512, over ep 2 (the 2 replicas).
     const double k = 2, fe = 512, E = 8, heads = 4;
-    const std::vector<std::string> moe = {
-        "model.llm.moe={experts: 8, top_k: 2, expert_ffn: 512}", "model.llm.gated_ffn=true",
-        "parallelism.ep=2"};
+    const std::vector<std::string> moe = {"model.llm.moe={experts: 8, top_k: 2, expert_ffn: 512}",
+                                          "model.llm.gated_ffn=true", "parallelism.ep=2"};
     auto with = [&](std::vector<std::string> more) {
       std::vector<std::string> sets = moe;
       sets.insert(sets.end(), more.begin(), more.end());
@@ -438,11 +438,14 @@ TEST_CASE("training.recompute_modules: what selective recompute drops and runs a
   }
   SUBCASE("errors name the key") {
     const Config plain = SmallConfig(PipelineKind::k1F1B, 2, 1, 4);
-    CHECK(ParseError(plain, {"training.recompute=full", "training.recompute_modules=[layernorm]"}) ==
-          "--set training.recompute_modules=[layernorm]: 'training.recompute_modules' applies to "
-          "selective recompute; no pipeline rank has 'training.recompute: selective'");
-    CHECK(ParseError(plain, {"training.recompute_modules=[attention]"}).find(
-              "bad value 'attention' in the list 'training.recompute_modules' (expected one of: "
-              "core_attn, layernorm, moe_act, mlp, moe)") != std::string::npos);
+    CHECK(
+        ParseError(plain, {"training.recompute=full", "training.recompute_modules=[layernorm]"}) ==
+        "--set training.recompute_modules=[layernorm]: 'training.recompute_modules' applies to "
+        "selective recompute; no pipeline rank has 'training.recompute: selective'");
+    CHECK(
+        ParseError(plain, {"training.recompute_modules=[attention]"})
+            .find(
+                "bad value 'attention' in the list 'training.recompute_modules' (expected one of: "
+                "core_attn, layernorm, moe_act, mlp, moe)") != std::string::npos);
   }
 }
