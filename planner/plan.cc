@@ -217,9 +217,9 @@ std::vector<double> EncoderRoom(const Config& c, const PipelineShape& shape,
 // The list-scheduled placement of a policy: the alternatives its rules allow, the shortest
 // predicted step kept. Nested may also keep Optimus's phases under its windows and budget,
 // and, when no window was asked for, let its budget alone bound the memory; bubble-fill
-// may use every placement nested may (so it is never slower), with or without moving
-// tasks, with or without starting gangs only in common gaps, each keeping every rank's
-// encoder activations within `room` (EncoderRoom). `text`: the text-only pass.
+// may use every placement nested may (so it is never slower where the room does not bind),
+// with or without moving tasks, with or without starting gangs only in common gaps, each
+// keeping every rank's encoder activations within `room` (EncoderRoom). `text`: the text-only pass.
 StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const ListInput& in,
                                  const ModalityWork& w, const TextTimeline& text,
                                  const std::vector<double>& room) {
