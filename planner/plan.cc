@@ -186,10 +186,12 @@ std::vector<std::vector<int>> PieceBounds(const Config& c, const ListInput& in) 
 // Per rank, the encoder activation bytes per GPU its device memory has room for: the HBM
 // less the rank's static bytes (weights, gradients, optimizer states, reserve) and the peak
 // of its text activations over its schedule order (a generator's not counted); empty
-// without a capacity.
+// without a capacity. Empty too when a rank has no room for `largest` (the largest task's
+// bytes): the plan is then out of memory whatever the placement, and waiting for room
+// would only slow it.
 std::vector<double> EncoderRoom(const Config& c, const PipelineShape& shape,
                                 const std::vector<StageOrder>& orders, const TextWorkload& tw,
-                                const std::vector<RankInfo>& ranks) {
+                                const std::vector<RankInfo>& ranks, double largest) {
   const MemoryOptions o = SimOptionsFor(c).memory;
   if (o.hbm_bytes <= 0) return {};
   std::vector<double> text_peak(shape.pp, 0);
@@ -208,8 +210,10 @@ std::vector<double> EncoderRoom(const Config& c, const PipelineShape& shape,
   for (const RankInfo& ri : ranks) {
     double host;
     const auto fixed = StaticMemory(ri, shape.vp, o, &host);
-    room.push_back(o.hbm_bytes - std::accumulate(fixed.begin(), fixed.end(), 0.0) -
-                   text_peak[ri.pp]);
+    const double left =
+        o.hbm_bytes - std::accumulate(fixed.begin(), fixed.end(), 0.0) - text_peak[ri.pp];
+    if (left < largest) return {};
+    room.push_back(left);
   }
   return room;
 }
@@ -288,9 +292,12 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         const bool timed_too =
             policy == ModalityPolicy::kBubbleFill && !w.vision.empty() && TimedPlacementFits(c);
         ASSIGN_OR_RETURN(TextTimeline tl, ScheduleText(in));
-        const std::vector<double> room = policy == ModalityPolicy::kBubbleFill
-                                             ? EncoderRoom(c, shape, orders, tw, ranks)
-                                             : std::vector<double>{};
+        const std::vector<double> room =
+            policy == ModalityPolicy::kBubbleFill
+                ? EncoderRoom(
+                      c, shape, orders, tw, ranks,
+                      in.bytes.empty() ? 0 : *std::max_element(in.bytes.begin(), in.bytes.end()))
+                : std::vector<double>{};
         ASSIGN_OR_RETURN(ListResult placed, PlaceListed(c, policy, in, w, tl, room));
         if (timed_too) {
           // The same images placed on the stages where they can be hidden (the text-only
