@@ -27,6 +27,9 @@ constexpr std::string_view kPipelineNames[] = {"gpipe",     "1f1b",           "i
 constexpr std::string_view kModalityNames[] = {"inline", "decoupled", "nested", "bubble-fill",
                                                "optimus"};
 constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
+// TensorClass bits, in order.
+constexpr std::string_view kTensorClassNames[] = {"attn_norm", "qkv_linear", "core_attn", "attn_proj",
+                                                  "mlp_norm",  "expert_fc1", "moe_act"};
 constexpr std::string_view kStorageNames[] = {"bf16", "fp8"};
 constexpr std::string_view kPlaceNames[] = {"none", "host", "remote"};
 constexpr std::string_view kModulePlaceNames[] = {"none", "host"};  // remote: LLM layers only
@@ -434,6 +437,15 @@ void ReadTraining(MapReader m, TrainingConfig* c) {
   m.EnumOrList({"saved_activations"}, &c->saved_activations, &c->saved_activations_by_rank,
                kStorageNames);
   m.EnumOrList({"offload"}, &c->offload, &c->offload_by_rank, kPlaceNames);
+  for (auto [key, bits] : {std::pair{"offload_modules", &c->offload_modules},
+                           std::pair{"fp8_modules", &c->fp8_modules}}) {
+    int one = 0;
+    std::vector<int> classes;
+    m.EnumOrList({key}, &one, &classes, kTensorClassNames);
+    if (!m.Has({key})) continue;
+    if (classes.empty()) classes.push_back(one);
+    for (int k : classes) *bits |= static_cast<uint8_t>(1 << k);
+  }
   constexpr std::string_view kPolicyNames[] = {"recompute", "fp8", "offload"};
   int policy = 0;
   std::vector<int> policies;
@@ -831,6 +843,22 @@ void CheckConsistency(Config* c, Ctx* ctx) {
     return ctx->FailAt("training.recompute_modules",
                        "'training.recompute_modules' applies to selective recompute; no pipeline "
                        "rank has 'training.recompute: selective'");
+  bool offloads = t.memory_auto && t.memory_offload, fp8 = t.memory_auto && t.memory_fp8;
+  for (int r = 0; r < p.pp; ++r) {
+    offloads = offloads || t.OffloadOf(r) != ActPlace::kDevice;
+    fp8 = fp8 || t.StorageOf(r) == ActStorage::kFp8;
+  }
+  const bool moe = c->model.llm.moe.experts > 0 && c->model.llm.moe.dense_layers < c->model.llm.layers;
+  for (auto [key, bits, on, what] :
+       {std::tuple{"training.offload_modules", t.offload_modules, offloads,
+                   "no pipeline rank offloads ('training.offload')"},
+        std::tuple{"training.fp8_modules", t.fp8_modules, fp8,
+                   "no pipeline rank stores in FP8 ('training.saved_activations')"}}) {
+    if (!ctx->seen.count(key)) continue;
+    if (!on) return ctx->FailAt(key, fmt::format("'{}' applies to the LLM's saved activations, but {}", key, what));
+    if (!moe && (bits & (kTcExpertFc1 | kTcMoeAct)))
+      return ctx->FailAt(key, fmt::format("'{}' names expert_fc1 or moe_act, but the LLM has no MoE layers", key));
+  }
   for (const char* key : {"training.recompute_method", "training.recompute_num_layers"})
     if (ctx->seen.count(key) && !full)
       return ctx->FailAt(key, fmt::format("'{}' applies to full recompute; no pipeline rank has "

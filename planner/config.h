@@ -52,6 +52,22 @@ enum RecomputeModule : uint8_t {
   kRecMlp = 8,
   kRecMoe = 16,
 };
+// Classes of the LLM layers' saved tensors, by the module whose input they are, as
+// Megatron's --offload-modules names them (fine-grained activation offloading): the input
+// norm's input (the layer input), the QKV projection's input (the norm's output), the core
+// attention's Q, K and V, the output projection's input, the MLP norm's input, the routed
+// experts' FC1 input (the dispatched tokens) and the experts' activation input (FC1's
+// output). Bits of TrainingConfig::offload_modules and fp8_modules; 0 there means every
+// saved tensor of the layer. planner/workload.cc: TextLayerCost.
+enum TensorClass : uint8_t {
+  kTcAttnNorm = 1,
+  kTcQkvLinear = 2,
+  kTcCoreAttn = 4,
+  kTcAttnProj = 8,
+  kTcMlpNorm = 16,
+  kTcExpertFc1 = 32,
+  kTcMoeAct = 64,
+};
 // How saved activations are stored between forward and backward: bf16 as computed, or fp8
 // block-quantised (planner/workload.h: kFp8StoredPerBf16).
 enum class ActStorage { kBf16, kFp8 };
@@ -174,6 +190,9 @@ struct TrainingConfig {
   ActPlace OffloadOf(int pp_rank) const {
     return offload_by_rank.empty() ? offload : offload_by_rank[pp_rank];
   }
+  // training.offload_modules / fp8_modules: the tensor classes (TensorClass bits) of the
+  // LLM layers that offload moves and FP8 storage quantises; 0: every saved tensor.
+  uint8_t offload_modules = 0, fp8_modules = 0;
   // training.memory: auto: the planner chooses recompute and storage per pipeline rank
   // (and of the encoder and generator) from the configured ones (none / bf16 where not
   // given) until the plan fits (planner/plan.h: BuildPlan), using the policies of

@@ -713,12 +713,19 @@ StatusOr<Table> PlanOnce(const Config& c) {
     copies.holder = [&](const PendingOp& op) {
       return place_of(op.key) == ActPlace::kRemote ? holder[op.key.rank] : -1;
     };
+    // training.offload_modules: a text forward moves only the bytes of the named classes.
+    std::unordered_map<WorkId, double> classes;
+    if (c.training.offload_modules)
+      for (int g = 0; g < shape.stages(); ++g) classes[text_work.f[g]] = tw.offload_bytes[g];
     copies.saved = [&](const PendingOp& op) {
       const ActPlace place = place_of(op.key);
       if (place == ActPlace::kDevice || (place == ActPlace::kRemote && holder[op.key.rank] < 0))
         return 0.0;
       auto out = outputs.find(op.work);
-      return b.work(op.work).mem_delta_bytes - (out == outputs.end() ? 0 : out->second);
+      const double saved =
+          b.work(op.work).mem_delta_bytes - (out == outputs.end() ? 0 : out->second);
+      auto named = op.key.module == Module::kText ? classes.find(op.work) : classes.end();
+      return named == classes.end() ? saved : std::min(saved, named->second);
     };
     copies.times = [&](const PendingOp& op) {
       auto it = predicted.times.find(op.key);

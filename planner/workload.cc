@@ -138,11 +138,48 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc, ActStorag
     if (whole_ffn) bf16 -= T * (ffn_act + dispatch);
     if (moe_act) bf16 -= T * act_out;
   }
-  const SavedBytes saved = Saved(bf16 / shard, other / shard, storage);
+  // The tensor classes (Megatron's offload module names: each module's input) among what
+  // is kept, bf16 bytes per token before sharding: attn_norm the layer input 2*h (under
+  // full recompute all that is kept), qkv_linear the input norm's output 2*h (not kept
+  // when layernorm is recomputed), core_attn Q, K and V 6*h, attn_proj 2*h, mlp_norm 2*h,
+  // expert_fc1 the dispatched tokens 2*h per routed copy and moe_act the routed experts'
+  // FC1 output (2 bytes per element of FC1's 2*fe gated, fe not) unless the MoE block is
+  // recomputed. Without sequence parallelism the three norm tensors are also replicated
+  // over tp (`replicated`).
+  const double fc1_out = moe_layer ? 2 * (mats - 1) * l.moe.top_k * l.moe.expert_ffn : 0;
+  auto class_bf16 = [&](uint8_t classes, bool replicated) {
+    if (rc == Recompute::kFull) return replicated ? 0.0 : (classes & kTcAttnNorm) ? 2 * h * T : 0.0;
+    double x = 0;
+    if (classes & kTcAttnNorm) x += 2 * h;
+    if ((classes & kTcQkvLinear) && !(mods & kRecLayernorm)) x += 2 * h;
+    if (classes & kTcMlpNorm) x += 2 * h;
+    if (replicated) return x * T;
+    if (classes & kTcCoreAttn) x += 6 * h;
+    if (classes & kTcAttnProj) x += 2 * h;
+    if (moe_layer && !whole_ffn) {
+      if (classes & kTcExpertFc1) x += dispatch;
+      if (classes & kTcMoeAct) x += fc1_out;
+    }
+    return x * T;
+  };
+  const uint8_t fp8_classes = c.training.fp8_modules, off_classes = c.training.offload_modules;
+  // FP8 storage quantises the fp8_modules classes (all bf16 tensors when none are named).
+  const double quantised = fp8_classes ? class_bf16(fp8_classes, false) : bf16;
+  const SavedBytes saved = Saved(quantised / shard, (other + bf16 - quantised) / shard, storage);
   lc.act_bytes = saved.kept;
   lc.store_hbm_f = lc.store_hbm_b = saved.quantise_hbm;
-  if (!c.training.sequence_parallel && rc != Recompute::kFull)
-    lc.act_bytes += ((mods & kRecLayernorm) ? 6 : 10) * T * h * (1 / cp - 1 / shard);
+  const double replicated = 1 / cp - 1 / shard;  // per GPU and byte, without sequence parallelism
+  const bool unsharded_norms = !c.training.sequence_parallel && rc != Recompute::kFull;
+  if (unsharded_norms) lc.act_bytes += ((mods & kRecLayernorm) ? 6 : 10) * T * h * replicated;
+  if (off_classes) {
+    // The offloaded classes as stored: FP8 where both name them (or fp8_modules is unset).
+    const double off = class_bf16(off_classes, false);
+    const double off_fp8 = storage == ActStorage::kBf16 ? 0
+                           : fp8_classes            ? class_bf16(off_classes & fp8_classes, false)
+                                                    : off;
+    lc.offload_bytes = (off - off_fp8 + off_fp8 * kFp8StoredPerBf16) / shard;
+    if (unsharded_norms) lc.offload_bytes += class_bf16(off_classes, true) * replicated;
+  }
   if (c.training.precision == Precision::kFp8) {
     // Transformer Engine casts each FP8 GEMM's input in the forward and its output gradient
     // in the backward with a fused cast-transpose: read 2 bytes, write 1 + 1 (the transpose
@@ -246,7 +283,7 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
     const LayerCost& dense = dense_of[2 * static_cast<int>(rc) + st];
     Work f, bw;
     double params = 0, act = 0, attn_core = 0, attn_hbm_f = 0, attn_hbm_b = 0;
-    double linear = 0, cast_f = 0, cast_b = 0, keep = 0, store_f = 0, store_b = 0;
+    double linear = 0, cast_f = 0, cast_b = 0, keep = 0, store_f = 0, store_b = 0, offload = 0;
     // What the backward recomputes, summed over the layers (each layer's own mode).
     double rec_flops = 0, rec_attn = 0, rec_linear = 0, rec_hbm = 0, rec_tp = 0, rec_ep = 0;
     int rec_tp_calls = 0, rec_ep_calls = 0, stored_layers = 0;
@@ -274,7 +311,7 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
       linear += lc.linear_flops, cast_f += lc.fp8_cast_f, cast_b += lc.fp8_cast_b;
       params += lc.params_per_gpu;
       if (kept) {
-        act += lc.act_bytes;
+        act += lc.act_bytes, offload += lc.offload_bytes;
         store_f += lc.store_hbm_f, store_b += lc.store_hbm_b;
         stored_layers += lc.store_hbm_f > 0;
       }
@@ -340,6 +377,7 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
     w.i.push_back(in);
     w.w.push_back(wg);
     w.params_per_gpu.push_back(params);
+    w.offload_bytes.push_back(offload);
   }
   return w;
 }

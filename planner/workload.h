@@ -23,6 +23,8 @@ struct LayerCost {
   double fp8_cast_b = 0;       // the same, backward
   double params_per_gpu = 0;   // parameters per GPU
   double act_bytes = 0;        // activation bytes per GPU kept for backward (by recompute mode)
+  // Of act_bytes, those of the classes of training.offload_modules (0 when none are named).
+  double offload_bytes = 0;
   // FP8 storage of the saved activations: quantise in the forward (read the bf16 tensor,
   // write the fp8 one and its scales), dequantise in the backward; HBM bytes per GPU.
   double store_hbm_f = 0, store_hbm_b = 0;
@@ -50,6 +52,9 @@ struct TextWorkload {
   // gradients of every parametric GEMM and frees the rest. I + W = B in every amount.
   std::vector<Work> i, w;
   std::vector<double> params_per_gpu;  // per global virtual stage
+  // Per global virtual stage: the saved bytes per GPU of a forward that training.
+  // offload_modules names (0 when none are named: the whole forward's are offloaded).
+  std::vector<double> offload_bytes;
   double p2p_bytes = 0;                // activation (or gradient) bytes per GPU between stages
   double p2p_gather_bytes = 0;         // scatter/gather p2p: NVLink all-gather bytes per GPU
   double tokens_per_mb = 0;            // LLM tokens per micro-batch

@@ -449,3 +449,76 @@ TEST_CASE("training.recompute_modules: what selective recompute drops and runs a
                 "core_attn, layernorm, moe_act, mlp, moe)") != std::string::npos);
   }
 }
+
+TEST_CASE("offload_modules and fp8_modules: the named tensor classes only, bytes by hand") {
+  // pp 2: stage 0 holds 2 layers. MoE: 8 experts, top-2, SwiGLU experts of 512, ep 2.
+  const double L = 2, T = kT, h = kH, k = 2, fe = 512;
+  auto stage0 = [](std::vector<std::string> sets) {
+    sets.insert(sets.end(), {"model.llm.moe={experts: 8, top_k: 2, expert_ffn: 512}",
+                             "model.llm.gated_ffn=true", "parallelism.ep=2"});
+    return BuildTextWorkload(SmallConfig(PipelineKind::k1F1B, 2, 1, 4, 2, std::move(sets)));
+  };
+  auto offloaded = [&](std::string modules, std::vector<std::string> more = {}) {
+    more.insert(more.end(), {"training.offload=host", "training.offload_modules=" + modules});
+    return stage0(std::move(more)).offload_bytes[0];
+  };
+  SUBCASE("offload: each class is its module's input") {
+    // Without recompute: core_attn Q, K, V (6*h bf16 per token), attn_proj its input (2*h);
+    // expert_fc1 the dispatched tokens (2*h per routed copy), moe_act FC1's output (gate and
+    // up: 2 x 2 bytes per expert FFN element per routed copy).
+    CHECK(offloaded("[core_attn, attn_proj]", {"training.recompute=none"}) ==
+          doctest::Approx(L * T * 8 * h));
+    CHECK(offloaded("[expert_fc1, moe_act]", {"training.recompute=none"}) ==
+          doctest::Approx(L * T * k * (2 * h + 4 * fe)));
+    CHECK(offloaded("[attn_norm, qkv_linear, mlp_norm]", {"training.recompute=none"}) ==
+          doctest::Approx(L * T * 6 * h));
+    // What recompute does not keep is not offloaded: the norms' outputs (qkv_linear) under
+    // layernorm recompute, the whole MoE block's tensors under moe.
+    CHECK(offloaded("qkv_linear", {"training.recompute_modules=[core_attn, layernorm]"}) == 0);
+    CHECK(offloaded("[expert_fc1, moe_act]", {"training.recompute_modules=[core_attn, moe]"}) ==
+          0);
+    // Full recompute keeps each layer's input: attn_norm's; nothing else.
+    CHECK(offloaded("attn_norm", {"training.recompute=full"}) == doctest::Approx(L * T * 2 * h));
+    CHECK(offloaded("[core_attn, expert_fc1]", {"training.recompute=full"}) == 0);
+    // Unnamed: the whole forward's activations go (offload_bytes unused).
+    CHECK(stage0({"training.offload=host"}).offload_bytes[0] == 0);
+  }
+  SUBCASE("offload without sequence parallelism: the norm tensors are whole on each TP GPU") {
+    // tp 2: the layer input is 2*h*T/2 sharded plus 2*h*T*(1 - 1/2) replicated = 2*h*T.
+    const TextWorkload w = BuildTextWorkload(SmallConfig(
+        PipelineKind::k1F1B, 2, 1, 4, 1,
+        {"cluster.gpus_per_node=4", "parallelism.tp=2", "training.sequence_parallel=false",
+         "training.recompute=none", "training.offload=host", "training.offload_modules=attn_norm"}));
+    CHECK(w.offload_bytes[0] == doctest::Approx(L * T * 2 * h));
+  }
+  SUBCASE("fp8: only the named classes are quantised") {
+    // FP8 storage keeps (1 + 4/128) / 2 bytes per bf16 byte (E4M3 plus an fp32 scale per
+    // 128 elements); quantising reads the bf16 bytes and writes the stored ones.
+    const double per = (1 + 4.0 / 128) / 2, dispatched = L * T * k * 2 * h;
+    const TextWorkload bf16 = stage0({"training.recompute=none"});
+    const TextWorkload fp8 = stage0({"training.recompute=none", "training.saved_activations=fp8",
+                                     "training.fp8_modules=expert_fc1"});
+    CHECK(bf16.f[0].mem_delta_bytes - fp8.f[0].mem_delta_bytes ==
+          doctest::Approx(dispatched * (1 - per)));
+    CHECK(fp8.f[0].hbm_bytes - bf16.f[0].hbm_bytes == doctest::Approx(dispatched * (1 + per)));
+    CHECK(fp8.b[0].hbm_bytes - bf16.b[0].hbm_bytes == doctest::Approx(dispatched * (1 + per)));
+    // Offloading a class that is stored in FP8 moves its FP8 bytes.
+    CHECK(offloaded("expert_fc1", {"training.recompute=none", "training.saved_activations=fp8",
+                                   "training.fp8_modules=expert_fc1"}) ==
+          doctest::Approx(dispatched * per));
+  }
+  SUBCASE("errors name the key") {
+    const Config plain = SmallConfig(PipelineKind::k1F1B, 2, 1, 4);
+    CHECK(ParseError(plain, {"training.offload_modules=core_attn"}) ==
+          "--set training.offload_modules=core_attn: 'training.offload_modules' applies to the "
+          "LLM's saved activations, but no pipeline rank offloads ('training.offload')");
+    CHECK(ParseError(plain, {"training.fp8_modules=core_attn"}) ==
+          "--set training.fp8_modules=core_attn: 'training.fp8_modules' applies to the LLM's "
+          "saved activations, but no pipeline rank stores in FP8 ('training.saved_activations')");
+    CHECK(ParseError(plain, {"training.offload=host", "training.offload_modules=[moe_act]"}) ==
+          "--set training.offload_modules=[moe_act]: 'training.offload_modules' names expert_fc1 "
+          "or moe_act, but the LLM has no MoE layers");
+    CHECK(ParseError(plain, {"training.offload=host", "training.offload_modules=[mlp]"})
+              .find("bad value 'mlp' in the list 'training.offload_modules'") != std::string::npos);
+  }
+}

@@ -78,6 +78,32 @@ TEST_CASE(
   CHECK(r.metrics.copy_seconds == doctest::Approx(16 * r.durations[out[0]]));
 }
 
+TEST_CASE("host offload of named tensor classes: only their bytes travel, the rest stays") {
+  // SmallConfig: hidden 256, 128 tokens, 2 layers per stage. core_attn and attn_proj are
+  // Q, K, V and the projection's input: 8*h bf16 bytes per token and layer.
+  const std::vector<std::string> sets = {"cluster.hardware.host_link_bw=1e15",
+                                         "training.recompute=none", "training.offload=host",
+                                         "training.offload_modules=[core_attn, attn_proj]"};
+  const Config c = OneF1B(sets), whole = OneF1B({sets[0], sets[1], sets[2]});
+  const Table t = Plan(c), w = Plan(whole);
+  REQUIRE(ValidatePlan(t).ok());
+  const double off = 2 * 128 * 8 * 256.0;
+  const double act = t.work(OfKind(t, 0, OpKind::kF)[0]).mem_delta_bytes;
+  REQUIRE(act > off);
+  const std::vector<OpId> out = OfKind(t, 0, OpKind::kOffload);
+  CHECK(out.size() == 8);
+  for (OpId o : out) CHECK(t.work(o).payload_bytes == doctest::Approx(off));
+  for (OpId o : OfKind(t, 0, OpKind::kReload)) CHECK(t.work(o).payload_bytes == doctest::Approx(off));
+  // As in the whole-forward case above, the copies are placed the same way: as F3 ends,
+  // stage 0 holds what stays of F0-F3 and the offloaded part of two forwards (F3's, on
+  // its way out, and F0's, back for B0).
+  const SimResult r = Simulated(c, t), all = Simulated(whole, w);
+  CHECK(all.memory[0].peak_by_cat[kActText] == doctest::Approx(2 * act));
+  CHECK(r.memory[0].peak_by_cat[kActText] == doctest::Approx(4 * (act - off) + 2 * off));
+  CHECK(r.memory[0].host_peak_bytes == doctest::Approx(4 * off));
+  CHECK(r.metrics.copy_exposed_s == doctest::Approx(0).epsilon(1e-12));
+}
+
 TEST_CASE("host offload: a link too slow to hide the copies keeps the activations on the device") {
   // 1 MB/s: no copy fits between a forward and its backward.
   const Config c = OneF1B({"training.offload=host", "cluster.hardware.host_link_bw=1e6"});
