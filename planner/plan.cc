@@ -206,10 +206,14 @@ std::vector<double> EncoderRoom(const Config& c, const PipelineShape& shape,
       text_peak[s] = std::max(text_peak[s], alive);
     }
   }
+  std::vector<double> chunk_params(shape.pp, 0);  // the largest chunk of each pipeline rank
+  for (int s = 0; s < shape.pp; ++s)
+    for (int k = 0; k < shape.vp; ++k)
+      chunk_params[s] = std::max(chunk_params[s], tw.params_per_gpu[shape.global(k, s)]);
   std::vector<double> room;
   for (const RankInfo& ri : ranks) {
     double host;
-    const auto fixed = StaticMemory(ri, shape.vp, o, &host);
+    const auto fixed = StaticMemory(ri, shape.vp, chunk_params[ri.pp], o, &host);
     const double left =
         o.hbm_bytes - std::accumulate(fixed.begin(), fixed.end(), 0.0) - text_peak[ri.pp];
     if (left < largest) return {};

@@ -165,7 +165,8 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc, ActStorag
   const uint8_t fp8_classes = c.training.fp8_modules, off_classes = c.training.offload_modules;
   // FP8 storage quantises the fp8_modules classes (all bf16 tensors when none are named).
   const double quantised = fp8_classes ? class_bf16(fp8_classes, false) : bf16;
-  const SavedBytes saved = Saved(quantised / shard, (other + bf16 - quantised) / shard, storage);
+  const double unquantised = fp8_classes ? bf16 - quantised : 0;
+  const SavedBytes saved = Saved(quantised / shard, (other + unquantised) / shard, storage);
   lc.act_bytes = saved.kept;
   lc.store_hbm_f = lc.store_hbm_b = saved.quantise_hbm;
   const double replicated = 1 / cp - 1 / shard;  // per GPU and byte, without sequence parallelism

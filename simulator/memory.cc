@@ -29,15 +29,15 @@ const char* MemCatName(int cat) {
   return kCatNames[cat];
 }
 
-std::array<double, kNumMemCats> StaticMemory(const RankInfo& ri, int vp, const MemoryOptions& o,
-                                             double* host) {
+std::array<double, kNumMemCats> StaticMemory(const RankInfo& ri, int vp, double chunk_params,
+                                             const MemoryOptions& o, double* host) {
   std::array<double, kNumMemCats> cur{};
   *host = 0;
   for (int m = 0; m < 3; ++m) {
     const double p = ri.params[m], shard = std::max(1.0, ri.state_shard[m]);
     cur[kWeights] += 2 * p;
     if (m == 0 && o.grads_on_host) {
-      cur[kGrads] += 2 * 4 * p / std::max(1, vp);
+      cur[kGrads] += 2 * 4 * (chunk_params > 0 ? chunk_params : p / std::max(1, vp));
       *host += 4 * p / shard;
     } else {
       cur[kGrads] += 4 * p / (o.zero_stage >= 2 ? shard : 1);
@@ -66,9 +66,18 @@ std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const 
     if (IsCopy(t.kind(i)) && t.peer(i) >= 0)
       held[t.peer(i)].push_back(
           {t.kind(i) == OpKind::kOffload ? tl.start[i] : tl.end[i], i, kHeld});
+  // Pipeline ZeRO-2: the largest chunk of each rank, from its gradient shards' copies (each
+  // 4 bytes per parameter of the chunk over dp).
+  std::vector<double> chunk_params(t.num_ranks(), 0);
+  if (o.grads_on_host)
+    for (OpId i = 0; i < t.size(); ++i)
+      if (t.kind(i) == OpKind::kOffload && t.module(i) == Module::kOptimizer)
+        chunk_params[t.rank(i)] =
+            std::max(chunk_params[t.rank(i)], t.work(i).payload_bytes * t.meta().dp / 4);
   for (int32_t r = 0; r < t.num_ranks(); ++r) {
     double host = 0;
-    std::array<double, kNumMemCats> cur = StaticMemory(t.ranks()[r], t.meta().vp, o, &host);
+    std::array<double, kNumMemCats> cur =
+        StaticMemory(t.ranks()[r], t.meta().vp, chunk_params[r], o, &host);
     RankMemory& rm = out[r];
     // Memory effects in time order (ties: sequence order): device effects at the op's end
     // (a RELOAD's at its start), host effects of copies at an OFFLOAD's start and a

@@ -21,7 +21,7 @@ struct MemoryOptions {
   double reserve_bytes = 0;  // communication buffers and allocator slack, bytes
   double hbm_bytes = 0;      // capacity per GPU, bytes (OOM threshold)
   // Pipeline ZeRO-2 with host gradients: the LLM's fp32 gradient shard lives in host memory;
-  // the GPU keeps a double buffer of one chunk's full fp32 gradients.
+  // the GPU keeps a double buffer of its largest chunk's full fp32 gradients.
   bool grads_on_host = false;
 };
 
@@ -60,9 +60,10 @@ struct RankMemory {
 // fp32 main gradients (sharded with ZeRO-2), fp32 master weights and two moments (one
 // momentum for Muon's weights; sharded with ZeRO >= 1), each over the module's state_shard ranks,
 // and the reserve; `host` gets the bytes it keeps in host memory (gradient shards with
-// grads_on_host). `vp`: chunks per rank (the host-gradient double buffer holds one chunk's).
-std::array<double, kNumMemCats> StaticMemory(const RankInfo& ri, int vp, const MemoryOptions& o,
-                                             double* host);
+// grads_on_host). `chunk_params`: the LLM parameters per GPU of the rank's largest chunk (the
+// host-gradient double buffer holds two of its gradients; <= 0: the rank's mean chunk over `vp`).
+std::array<double, kNumMemCats> StaticMemory(const RankInfo& ri, int vp, double chunk_params,
+                                             const MemoryOptions& o, double* host);
 
 std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const MemoryOptions& o,
                                       bool with_curves);
