@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <map>
 #include <set>
+#include <sstream>
 
 namespace pipeplan {
 namespace {
@@ -184,7 +186,19 @@ const std::set<std::string> kBooleanFlags = {"bf16",
                                              "use-checkpoint-args",
                                              "no-async-tensor-model-parallel-allreduce",
                                              "profile",
-                                             "no-scatter-gather-tensors-in-pipeline"};
+                                             "no-scatter-gather-tensors-in-pipeline",
+                                             "fine-grained-activation-offloading"};
+
+// Flags that take a list of words (argparse nargs='*'), and the values pipeplan models of
+// each (training.recompute_modules, training.offload_modules).
+const std::map<std::string, std::pair<std::string, std::set<std::string>>> kListFlags = {
+    {"recompute-modules",
+     {"training.recompute_modules", {"core_attn", "layernorm", "moe_act", "mlp", "moe"}}},
+    {"offload-modules",
+     {"training.offload_modules",
+      {"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1",
+       "moe_act"}}},
+};
 
 }  // namespace
 
@@ -202,6 +216,12 @@ StatusOr<MegatronImport> ImportMegatron(std::string_view script, const std::stri
       } else if (!kBooleanFlags.count(flag) && i + 1 < words.size() &&
                  words[i + 1].compare(0, 2, "--") != 0) {
         value = words[++i];
+        // Megatron's nargs='*' flags take every word up to the next flag.
+        std::string dashed = flag;
+        std::replace(dashed.begin(), dashed.end(), '_', '-');
+        if (kListFlags.count(dashed))
+          while (i + 1 < words.size() && words[i + 1].compare(0, 2, "--") != 0)
+            value += " " + words[++i];
       }
       for (char& c : flag)
         if (c == '_') c = '-';
@@ -281,6 +301,18 @@ StatusOr<MegatronImport> ImportMegatron(std::string_view script, const std::stri
     } else if (flag == "recompute-num-layers") {
       ASSIGN_OR_RETURN(int64_t v, integer(flag, value));
       yaml["training.recompute_num_layers"] = std::to_string(v);
+    } else if (auto list = kListFlags.find(flag); list != kListFlags.end()) {
+      std::string items;
+      std::istringstream words(value);
+      for (std::string v; words >> v;) {
+        if (list->second.second.count(v))
+          items += (items.empty() ? "" : ", ") + v;
+        else
+          out.notes.push_back(fmt::format("--{} {}: not modelled, left out", flag, v));
+      }
+      if (!items.empty()) yaml[list->second.first] = "[" + items + "]";
+    } else if (flag == "fine-grained-activation-offloading") {
+      yaml["training.offload"] = "host";
     } else if (flag == "fp8-format" || flag == "fp8") {
       yaml["training.precision"] = "fp8";
     } else if (flag == "attention-dropout") {
@@ -315,6 +347,17 @@ StatusOr<MegatronImport> ImportMegatron(std::string_view script, const std::stri
       if (!v.empty() && nodes == 0 && v.find_first_not_of("0123456789") == std::string::npos)
         nodes = std::stoi(v);
     }
+  }
+  if (yaml.count("training.recompute_modules") &&
+      (!yaml.count("training.recompute") || yaml["training.recompute"] != "selective")) {
+    yaml.erase("training.recompute_modules");
+    out.notes.push_back(
+        "--recompute-modules without --recompute-granularity selective: not used");
+  }
+  if (yaml.count("training.offload_modules") && !yaml.count("training.offload")) {
+    yaml.erase("training.offload_modules");
+    out.notes.push_back(
+        "--offload-modules without --fine-grained-activation-offloading: nothing is offloaded");
   }
   if (yaml.count("model.llm.group_query_attention") && yaml.count("model.llm.kv_heads") == 0) {
     yaml["model.llm.kv_heads"] = "1";  // Megatron's default --num-query-groups

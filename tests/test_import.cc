@@ -102,3 +102,41 @@ TEST_CASE("import-megatron: --recompute-method and --recompute-num-layers") {
   CHECK(c->training.recompute_method == RecomputeMethod::kBlock);
   CHECK(c->training.recompute_num_layers == 2);
 }
+
+TEST_CASE("import-megatron: --recompute-modules and --offload-modules take lists") {
+  const std::string base =
+      "python pretrain_gpt.py --num-layers 8 --hidden-size 1024 --num-attention-heads 8 "
+      "--seq-length 2048 --micro-batch-size 1 --global-batch-size 64 "
+      "--pipeline-model-parallel-size 2 --padded-vocab-size 32000 --ffn-hidden-size 4096 ";
+  auto load = [](const MegatronImport& r) {
+    auto doc = YamlDoc::FromString("run.yaml", r.yaml);
+    REQUIRE(doc.ok());
+    auto c = ParseConfig(std::move(*doc));
+    REQUIRE_MESSAGE(c.ok(), c.status().message());
+    return *c;
+  };
+  auto r = ImportMegatron(base +
+                              "--recompute-granularity selective --recompute-modules core_attn "
+                              "layernorm mla_up_proj --fine-grained-activation-offloading "
+                              "--offload-modules core_attn attn_proj --bf16",
+                          "run.sh", {});
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  CHECK(r->ignored.empty());
+  const Config c = load(*r);
+  CHECK(c.training.recompute_modules == (kRecCoreAttn | kRecLayernorm));
+  CHECK(c.training.offload == ActPlace::kHost);
+  CHECK(c.training.offload_modules == (kTcCoreAttn | kTcAttnProj));
+  CHECK(c.training.precision == Precision::kBf16);  // the flag after the list is read
+  CHECK(std::count(r->notes.begin(), r->notes.end(),
+                   "--recompute-modules mla_up_proj: not modelled, left out") == 1);
+  // Without the flags that enable them, the lists are dropped with a note.
+  auto bare = ImportMegatron(base + "--recompute-modules layernorm --offload-modules core_attn",
+                             "run.sh", {});
+  REQUIRE(bare.ok());
+  const Config b = load(*bare);
+  CHECK(b.training.recompute_modules == kRecCoreAttn);
+  CHECK(b.training.offload == ActPlace::kDevice);
+  CHECK(std::count(bare->notes.begin(), bare->notes.end(),
+                   "--offload-modules without --fine-grained-activation-offloading: nothing is "
+                   "offloaded") == 1);
+}
