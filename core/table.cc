@@ -25,7 +25,9 @@ Work LayerShare(const Work& w, int begin, int end) {
   Work p = w;
   p.flops *= s, p.attn_flops *= s, p.fp8_flops *= s, p.model_flops *= s, p.hbm_bytes *= s;
   p.tp_bytes *= s, p.ep_bytes *= s, p.mem_delta_bytes *= s;
+  p.ep_overlap_bytes *= s, p.ep_overlap_flops *= s;
   p.tp_calls = w.tp_calls * n / layers, p.ep_calls = w.ep_calls * n / layers;
+  p.ep_overlap_calls = w.ep_overlap_calls * n / layers;
   p.kernels = std::max(1, w.kernels * n / layers);
   p.layer_begin = w.layer_begin + begin, p.layer_end = w.layer_begin + end;
   return p;
@@ -40,6 +42,7 @@ size_t WorkHash::operator()(const Work& w) const {
       mix(w.payload_bytes);
   mix(w.mem_delta_bytes), mix(w.tp_bytes), mix(w.ep_bytes), mix(w.tp_calls), mix(w.ep_calls);
   mix(w.kernels), mix(w.layer_begin), mix(w.layer_end), mix(w.saved_fp8);
+  mix(w.ep_overlap_bytes), mix(w.ep_overlap_flops), mix(w.ep_overlap_calls);
   return h;
 }
 
@@ -191,12 +194,16 @@ Status TableColumns::CheckConsistent() const {
   for (uint32_t w : t.work_)
     if (w >= t.works_.size()) return InvalidInput("op refers to a missing work entry");
   for (const Work& w : t.works_) {
-    for (double v : {w.flops, w.attn_flops, w.fp8_flops, w.model_flops, w.hbm_bytes,
-                     w.payload_bytes, w.tp_bytes, w.ep_bytes})
+    for (double v :
+         {w.flops, w.attn_flops, w.fp8_flops, w.model_flops, w.hbm_bytes, w.payload_bytes,
+          w.tp_bytes, w.ep_bytes, w.ep_overlap_bytes, w.ep_overlap_flops})
       if (!std::isfinite(v) || v < 0)
         return InvalidInput("a work entry has a negative or non-finite amount");
     if (w.attn_flops + w.fp8_flops > w.flops * (1 + 1e-9))
       return InvalidInput("a work entry's attention and FP8 FLOPs exceed its FLOPs");
+    if (w.ep_overlap_bytes > w.ep_bytes * (1 + 1e-9) || w.ep_overlap_calls < 0 ||
+        w.ep_overlap_calls > w.ep_calls)
+      return InvalidInput("a work entry's overlapped all-to-alls exceed its all-to-alls");
     if (!std::isfinite(w.mem_delta_bytes) || w.tp_calls < 0 || w.ep_calls < 0 || w.kernels < 0 ||
         w.layer_begin < -1 || w.layer_end < w.layer_begin || w.layer_end > (1 << 20))
       return InvalidInput("a work entry has an invalid memory effect, call count or layer range");

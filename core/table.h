@@ -51,6 +51,12 @@ struct Work {
   // A forward whose saved activations are stored FP8 block-quantised until its backward
   // (saved_activations: fp8); the executor quantises them, the costs are in the amounts.
   bool saved_fp8 = false;
+  // Of ep_bytes / ep_calls, the all-to-alls that run beside the GEMMs of ep_overlap_flops
+  // (FLOPs over all GPUs of the rank) on a stream of their own: hidden up to those GEMMs'
+  // time (training.overlap_moe_recompute: the recomputed dispatch beside the experts'
+  // data-gradient GEMMs).
+  double ep_overlap_bytes = 0, ep_overlap_flops = 0;
+  int32_t ep_overlap_calls = 0;
   friend bool operator==(const Work&, const Work&) = default;
 };
 

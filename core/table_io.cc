@@ -69,6 +69,11 @@ json WorkToJson(const Work& w) {
             {"layer_end", w.layer_end},
             {"fp8_flops", w.fp8_flops}};
   if (w.saved_fp8) j["saved_fp8"] = true;  // written only where set: other plans unchanged
+  if (w.ep_overlap_calls > 0 || w.ep_overlap_bytes > 0 || w.ep_overlap_flops > 0) {
+    j["ep_overlap_bytes"] = w.ep_overlap_bytes;
+    j["ep_overlap_calls"] = w.ep_overlap_calls;
+    j["ep_overlap_flops"] = w.ep_overlap_flops;
+  }
   return j;
 }
 
@@ -82,6 +87,9 @@ Work WorkFromJson(const json& j) {
   w.layer_end = j.at("layer_end");
   w.fp8_flops = j.value("fp8_flops", 0.0);  // older plans lack it
   w.saved_fp8 = j.value("saved_fp8", false);
+  w.ep_overlap_bytes = j.value("ep_overlap_bytes", 0.0);
+  w.ep_overlap_calls = j.value("ep_overlap_calls", 0);
+  w.ep_overlap_flops = j.value("ep_overlap_flops", 0.0);
   return w;
 }
 
@@ -202,6 +210,8 @@ Status StreamPb(const Table& t, Sink&& sink) {
     pw->set_fp8_flops(w.fp8_flops);
     pw->set_layer_end(w.layer_end);
     pw->set_saved_fp8(w.saved_fp8);
+    pw->set_ep_overlap_bytes(w.ep_overlap_bytes), pw->set_ep_overlap_calls(w.ep_overlap_calls);
+    pw->set_ep_overlap_flops(w.ep_overlap_flops);
   }
   for (int32_t g = 0; g < t.num_groups(); ++g) {
     p.add_group_size(static_cast<uint32_t>(t.group(g).size()));
@@ -309,7 +319,8 @@ StatusOr<Table> ParsePb(const std::string& bytes) {
     c.works().push_back(Work{pw.flops(), pw.attn_flops(), pw.model_flops(), pw.hbm_bytes(),
                              pw.payload_bytes(), pw.mem_delta_bytes(), pw.tp_bytes(), pw.ep_bytes(),
                              pw.tp_calls(), pw.ep_calls(), pw.kernels(), pw.layer_begin(),
-                             pw.layer_end(), pw.fp8_flops(), pw.saved_fp8()});
+                             pw.layer_end(), pw.fp8_flops(), pw.saved_fp8(), pw.ep_overlap_bytes(),
+                             pw.ep_overlap_flops(), pw.ep_overlap_calls()});
   }
   if (!Prefix(p.group_size(), &c.group_begin())) return InvalidInput("plan group index overflows");
   ReadColumn(p.group_ranks(), &c.group_ranks());

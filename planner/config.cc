@@ -28,8 +28,8 @@ constexpr std::string_view kModalityNames[] = {"inline", "decoupled", "nested", 
                                                "optimus"};
 constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
 // TensorClass bits, in order.
-constexpr std::string_view kTensorClassNames[] = {"attn_norm", "qkv_linear", "core_attn", "attn_proj",
-                                                  "mlp_norm",  "expert_fc1", "moe_act"};
+constexpr std::string_view kTensorClassNames[] = {
+    "attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"};
 constexpr std::string_view kStorageNames[] = {"bf16", "fp8"};
 constexpr std::string_view kPlaceNames[] = {"none", "host", "remote"};
 constexpr std::string_view kModulePlaceNames[] = {"none", "host"};  // remote: LLM layers only
@@ -483,6 +483,7 @@ void ReadTraining(MapReader m, TrainingConfig* c) {
           fmt::format("training.{}", key),
           fmt::format("'training.{}' applies only with 'training.optimizer: muon'", key));
   m.Bool({"overlap_grad_reduce"}, &c->overlap_grad_reduce);
+  m.Bool({"overlap_moe_recompute"}, &c->overlap_moe_recompute);
   constexpr std::string_view kGradPlaceNames[] = {"none", "host"};
   m.Enum({"grad_offload"}, &c->grad_offload, kGradPlaceNames);
   m.Bool({"overlap_param_gather"}, &c->overlap_param_gather);
@@ -848,16 +849,25 @@ void CheckConsistency(Config* c, Ctx* ctx) {
     offloads = offloads || t.OffloadOf(r) != ActPlace::kDevice;
     fp8 = fp8 || t.StorageOf(r) == ActStorage::kFp8;
   }
-  const bool moe = c->model.llm.moe.experts > 0 && c->model.llm.moe.dense_layers < c->model.llm.layers;
+  const bool moe =
+      c->model.llm.moe.experts > 0 && c->model.llm.moe.dense_layers < c->model.llm.layers;
+  if (t.overlap_moe_recompute &&
+      (!moe || p.ep < 2 || !(t.recompute_modules & kRecMoe) || !selective))
+    return ctx->FailAt("training.overlap_moe_recompute",
+                       "'training.overlap_moe_recompute' needs MoE layers over ep > 1 and "
+                       "selective recompute of 'moe' (training.recompute_modules)");
   for (auto [key, bits, on, what] :
        {std::tuple{"training.offload_modules", t.offload_modules, offloads,
                    "no pipeline rank offloads ('training.offload')"},
         std::tuple{"training.fp8_modules", t.fp8_modules, fp8,
                    "no pipeline rank stores in FP8 ('training.saved_activations')"}}) {
     if (!ctx->seen.count(key)) continue;
-    if (!on) return ctx->FailAt(key, fmt::format("'{}' applies to the LLM's saved activations, but {}", key, what));
+    if (!on)
+      return ctx->FailAt(
+          key, fmt::format("'{}' applies to the LLM's saved activations, but {}", key, what));
     if (!moe && (bits & (kTcExpertFc1 | kTcMoeAct)))
-      return ctx->FailAt(key, fmt::format("'{}' names expert_fc1 or moe_act, but the LLM has no MoE layers", key));
+      return ctx->FailAt(
+          key, fmt::format("'{}' names expert_fc1 or moe_act, but the LLM has no MoE layers", key));
   }
   for (const char* key : {"training.recompute_method", "training.recompute_num_layers"})
     if (ctx->seen.count(key) && !full)

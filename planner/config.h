@@ -193,6 +193,9 @@ struct TrainingConfig {
   // training.offload_modules / fp8_modules: the tensor classes (TensorClass bits) of the
   // LLM layers that offload moves and FP8 storage quantises; 0: every saved tensor.
   uint8_t offload_modules = 0, fp8_modules = 0;
+  // training.overlap_moe_recompute: under `moe` recompute, the recomputed dispatch
+  // all-to-all runs beside the experts' data-gradient GEMMs (planner/workload.cc).
+  bool overlap_moe_recompute = false;
   // training.memory: auto: the planner chooses recompute and storage per pipeline rank
   // (and of the encoder and generator) from the configured ones (none / bf16 where not
   // given) until the plan fits (planner/plan.h: BuildPlan), using the policies of

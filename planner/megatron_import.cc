@@ -196,8 +196,7 @@ const std::map<std::string, std::pair<std::string, std::set<std::string>>> kList
      {"training.recompute_modules", {"core_attn", "layernorm", "moe_act", "mlp", "moe"}}},
     {"offload-modules",
      {"training.offload_modules",
-      {"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1",
-       "moe_act"}}},
+      {"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"}}},
 };
 
 }  // namespace
@@ -351,8 +350,7 @@ StatusOr<MegatronImport> ImportMegatron(std::string_view script, const std::stri
   if (yaml.count("training.recompute_modules") &&
       (!yaml.count("training.recompute") || yaml["training.recompute"] != "selective")) {
     yaml.erase("training.recompute_modules");
-    out.notes.push_back(
-        "--recompute-modules without --recompute-granularity selective: not used");
+    out.notes.push_back("--recompute-modules without --recompute-granularity selective: not used");
   }
   if (yaml.count("training.offload_modules") && !yaml.count("training.offload")) {
     yaml.erase("training.offload_modules");

@@ -176,8 +176,8 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc, ActStorag
     // The offloaded classes as stored: FP8 where both name them (or fp8_modules is unset).
     const double off = class_bf16(off_classes, false);
     const double off_fp8 = storage == ActStorage::kBf16 ? 0
-                           : fp8_classes            ? class_bf16(off_classes & fp8_classes, false)
-                                                    : off;
+                           : fp8_classes ? class_bf16(off_classes & fp8_classes, false)
+                                         : off;
     lc.offload_bytes = (off - off_fp8 + off_fp8 * kFp8StoredPerBf16) / shard;
     if (unsharded_norms) lc.offload_bytes += class_bf16(off_classes, true) * replicated;
   }
@@ -230,6 +230,16 @@ LayerCost TextLayerCost(const Config& c, bool moe_layer, Recompute rc, ActStorag
       a.hbm_bytes += 4 * (copies * h + ffn_elems) * T / shard;
     a.tp_bytes += lc.tp_bytes / 2, a.tp_calls += lc.tp_calls / 2;
     a.ep_bytes += lc.ep_bytes, a.ep_calls += lc.ep_calls;
+    if (moe_layer && lc.ep_calls > 0 && c.training.overlap_moe_recompute) {
+      // K3's recomputed dispatch: a layer's dispatch is issued on its own stream while the
+      // experts' data-gradient GEMMs of the layer after it (the one before it in the
+      // backward) run (one GEMM per routed copy and matrix, as many FLOPs as its forward),
+      // so the backward waits only for what they do not cover. The chunk's last MoE layer,
+      // the first in its backward, has nothing to hide behind (BuildTextWorkload). The
+      // combine stays in series.
+      a.ep_overlap_bytes = lc.ep_bytes / 2, a.ep_overlap_calls = 1;
+      a.ep_overlap_flops = 2 * T * l.moe.top_k * h * l.moe.expert_ffn * mats;
+    }
   }
   return lc;
 }
@@ -288,6 +298,9 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
     // What the backward recomputes, summed over the layers (each layer's own mode).
     double rec_flops = 0, rec_attn = 0, rec_linear = 0, rec_hbm = 0, rec_tp = 0, rec_ep = 0;
     int rec_tp_calls = 0, rec_ep_calls = 0, stored_layers = 0;
+    double hidden_ep = 0, hiding_flops = 0;
+    int hidden_ep_calls = 0;
+    const LayerCost::Again* first_in_backward = nullptr;  // the chunk's last overlapping layer
     f.layer_begin = bw.layer_begin = span.layer_begin;
     f.layer_end = bw.layer_end = span.layer_end;
     for (int layer = span.layer_begin; layer < span.layer_end; ++layer) {
@@ -305,6 +318,9 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
       rec_flops += a.flops, rec_attn += a.attn_flops, rec_linear += a.linear_flops;
       rec_hbm += a.hbm_bytes, rec_tp += a.tp_bytes, rec_tp_calls += a.tp_calls;
       rec_ep += a.ep_bytes, rec_ep_calls += a.ep_calls;
+      hidden_ep += a.ep_overlap_bytes, hidden_ep_calls += a.ep_overlap_calls;
+      hiding_flops += a.ep_overlap_flops;
+      if (a.ep_overlap_calls > 0) first_in_backward = &a;
       f.flops += lc.fwd_flops;
       f.model_flops += lc.model_flops;
       attn_core += lc.attn_core_flops;
@@ -358,6 +374,13 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
     f.saved_fp8 = stored_layers > 0;
     bw.tp_bytes = f.tp_bytes + rec_tp, bw.tp_calls = f.tp_calls + rec_tp_calls;
     bw.ep_bytes = f.ep_bytes + rec_ep, bw.ep_calls = f.ep_calls + rec_ep_calls;
+    if (first_in_backward) {  // its dispatch has no GEMMs before it
+      hidden_ep -= first_in_backward->ep_overlap_bytes;
+      hidden_ep_calls -= first_in_backward->ep_overlap_calls;
+      hiding_flops -= first_in_backward->ep_overlap_flops;
+    }
+    bw.ep_overlap_bytes = hidden_ep, bw.ep_overlap_calls = hidden_ep_calls;
+    bw.ep_overlap_flops = hiding_flops;
     bw.kernels = 2 * f.kernels + stored_layers;
     f.kernels += stored_layers;
     bw.mem_delta_bytes = -act;

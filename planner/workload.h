@@ -41,6 +41,10 @@ struct LayerCost {
   struct Again {
     double flops = 0, attn_flops = 0, linear_flops = 0, hbm_bytes = 0, tp_bytes = 0, ep_bytes = 0;
     int tp_calls = 0, ep_calls = 0;
+    // The recomputed dispatch beside the experts' data-gradient GEMMs
+    // (training.overlap_moe_recompute): Work::ep_overlap_*.
+    double ep_overlap_bytes = 0, ep_overlap_flops = 0;
+    int ep_overlap_calls = 0;
   } again;
 };
 
@@ -55,9 +59,9 @@ struct TextWorkload {
   // Per global virtual stage: the saved bytes per GPU of a forward that training.
   // offload_modules names (0 when none are named: the whole forward's are offloaded).
   std::vector<double> offload_bytes;
-  double p2p_bytes = 0;                // activation (or gradient) bytes per GPU between stages
-  double p2p_gather_bytes = 0;         // scatter/gather p2p: NVLink all-gather bytes per GPU
-  double tokens_per_mb = 0;            // LLM tokens per micro-batch
+  double p2p_bytes = 0;         // activation (or gradient) bytes per GPU between stages
+  double p2p_gather_bytes = 0;  // scatter/gather p2p: NVLink all-gather bytes per GPU
+  double tokens_per_mb = 0;     // LLM tokens per micro-batch
 };
 
 // FP8 storage of a saved bf16 tensor: 1 byte per element plus one fp32 scale per 1x128

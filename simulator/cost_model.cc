@@ -43,10 +43,20 @@ CostModel::Parts CostModel::ComputeParts(const Work& w, int gpus, int tp, int ep
   if (w.ep_calls > 0 && ep > 1) {
     // EP group: ep GPUs, `tp` apart; k of them share a node. Bytes to peers on the same
     // node go over NVLink, the rest over the NIC, in parallel.
-    int k = std::clamp(gpus_per_node / std::max(tp, 1), 1, ep);
-    double intra = w.ep_bytes * (k - 1) / (ep - 1), inter = w.ep_bytes * (ep - k) / (ep - 1);
-    double alpha = k == ep ? s.intra_latency_s : s.inter_latency_s;
-    t += w.ep_calls * alpha + std::max(intra / nvl, inter / nic);
+    const int k = std::clamp(gpus_per_node / std::max(tp, 1), 1, ep);
+    const double alpha = k == ep ? s.intra_latency_s : s.inter_latency_s;
+    auto all_to_all = [&](double bytes, int calls) {
+      const double intra = bytes * (k - 1) / (ep - 1), inter = bytes * (ep - k) / (ep - 1);
+      return calls * alpha + std::max(intra / nvl, inter / nic);
+    };
+    t += all_to_all(w.ep_bytes, w.ep_calls);
+    // All-to-alls on their own stream beside GEMMs (the recomputed dispatch beside the
+    // experts' data-gradient GEMMs): what those GEMMs' time covers is hidden.
+    if (w.ep_overlap_flops > 0) {
+      const double rate = (w.fp8_flops > 0 ? s.fp8_flops : s.bf16_flops) * s.compute_efficiency;
+      t -= std::min(all_to_all(w.ep_overlap_bytes, w.ep_overlap_calls),
+                    w.ep_overlap_flops * per_gpu / rate);
+    }
   }
   return parts;
 }

@@ -8,6 +8,7 @@
 #include "planner/modality.h"
 #include "planner/plan.h"
 #include "planner/workload.h"
+#include "simulator/cost_model.h"
 #include "simulator/metrics.h"
 
 using namespace pipeplan;
@@ -475,8 +476,7 @@ TEST_CASE("offload_modules and fp8_modules: the named tensor classes only, bytes
     // What recompute does not keep is not offloaded: the norms' outputs (qkv_linear) under
     // layernorm recompute, the whole MoE block's tensors under moe.
     CHECK(offloaded("qkv_linear", {"training.recompute_modules=[core_attn, layernorm]"}) == 0);
-    CHECK(offloaded("[expert_fc1, moe_act]", {"training.recompute_modules=[core_attn, moe]"}) ==
-          0);
+    CHECK(offloaded("[expert_fc1, moe_act]", {"training.recompute_modules=[core_attn, moe]"}) == 0);
     // Full recompute keeps each layer's input: attn_norm's; nothing else.
     CHECK(offloaded("attn_norm", {"training.recompute=full"}) == doctest::Approx(L * T * 2 * h));
     CHECK(offloaded("[core_attn, expert_fc1]", {"training.recompute=full"}) == 0);
@@ -485,10 +485,11 @@ TEST_CASE("offload_modules and fp8_modules: the named tensor classes only, bytes
   }
   SUBCASE("offload without sequence parallelism: the norm tensors are whole on each TP GPU") {
     // tp 2: the layer input is 2*h*T/2 sharded plus 2*h*T*(1 - 1/2) replicated = 2*h*T.
-    const TextWorkload w = BuildTextWorkload(SmallConfig(
-        PipelineKind::k1F1B, 2, 1, 4, 1,
-        {"cluster.gpus_per_node=4", "parallelism.tp=2", "training.sequence_parallel=false",
-         "training.recompute=none", "training.offload=host", "training.offload_modules=attn_norm"}));
+    const TextWorkload w = BuildTextWorkload(
+        SmallConfig(PipelineKind::k1F1B, 2, 1, 4, 1,
+                    {"cluster.gpus_per_node=4", "parallelism.tp=2",
+                     "training.sequence_parallel=false", "training.recompute=none",
+                     "training.offload=host", "training.offload_modules=attn_norm"}));
     CHECK(w.offload_bytes[0] == doctest::Approx(L * T * 2 * h));
   }
   SUBCASE("fp8: only the named classes are quantised") {
@@ -521,4 +522,44 @@ TEST_CASE("offload_modules and fp8_modules: the named tensor classes only, bytes
     CHECK(ParseError(plain, {"training.offload=host", "training.offload_modules=[mlp]"})
               .find("bad value 'mlp' in the list 'training.offload_modules'") != std::string::npos);
   }
+}
+
+TEST_CASE("overlap_moe_recompute: the recomputed dispatch hides behind the experts' dgrad GEMMs") {
+  // pp 2 x dp 2 on one node of 4 GPUs, ep 2: stage 0 holds 2 MoE layers (8 experts, top-2,
+  // SwiGLU experts of 512), the whole MoE block recomputed.
+  const double L = 2, T = kT, h = kH, k = 2, fe = 512;
+  auto config = [](std::vector<std::string> more) {
+    std::vector<std::string> sets = {"model.llm.moe={experts: 8, top_k: 2, expert_ffn: 512}",
+                                     "model.llm.gated_ffn=true", "parallelism.ep=2",
+                                     "training.recompute_modules=[core_attn, moe]"};
+    sets.insert(sets.end(), more.begin(), more.end());
+    return SmallConfig(PipelineKind::k1F1B, 2, 1, 4, 2, sets);
+  };
+  const Config serial = config({}), overlapped = config({"training.overlap_moe_recompute=true"});
+  const Work b = BuildTextWorkload(serial).b[0], bo = BuildTextWorkload(overlapped).b[0];
+  // Per layer: the dispatch moves T*k*h bf16 per GPU, half of it to the other EP rank; the
+  // experts' data-gradient GEMMs are 3 matrices x 2*T*h*fe FLOPs per routed copy. Layer 0's
+  // dispatch runs beside layer 1's GEMMs; layer 1, the first in the backward, has nothing
+  // before it: of L = 2 layers one dispatch is hidden.
+  const double dispatch = T * k * h * 2 * 0.5, gemm = 3 * 2 * T * h * fe * k;
+  CHECK(bo.ep_overlap_bytes == doctest::Approx((L - 1) * dispatch));
+  CHECK(bo.ep_overlap_calls == L - 1);
+  CHECK(bo.ep_overlap_flops == doctest::Approx((L - 1) * gemm));
+  CHECK(b.ep_overlap_calls == 0);
+  CHECK(bo.ep_bytes == b.ep_bytes);  // charged again all the same, only hidden
+  // Seconds: the 4 EP GPUs of the node talk over NVLink (alpha + bytes / NVLink bus bw);
+  // the GEMMs run at the bf16 rate. The backward is shorter by what of the hidden dispatch
+  // the GEMMs cover.
+  const GpuSpec& s = serial.cluster.spec;
+  const CostModel cost = CostModel::Real(s);
+  const double a2a = s.intra_latency_s + dispatch / (s.nvlink_bw * s.nvlink_efficiency);
+  const double covers = gemm / (s.bf16_flops * s.compute_efficiency);
+  CHECK(cost.ComputeSeconds(b, 1, 1, 2, 4, false) - cost.ComputeSeconds(bo, 1, 1, 2, 4, false) ==
+        doctest::Approx((L - 1) * std::min(a2a, covers)).epsilon(1e-9));
+  // The forward and a dense or serial plan are unchanged; the key needs `moe` recompute.
+  CHECK(BuildTextWorkload(overlapped).f[0] == BuildTextWorkload(serial).f[0]);
+  CHECK(ParseError(serial, {"training.recompute_modules=[core_attn]",
+                            "training.overlap_moe_recompute=true"}) ==
+        "--set training.overlap_moe_recompute=true: 'training.overlap_moe_recompute' needs MoE "
+        "layers over ep > 1 and selective recompute of 'moe' (training.recompute_modules)");
 }

@@ -93,7 +93,8 @@ TEST_CASE("host offload of named tensor classes: only their bytes travel, the re
   const std::vector<OpId> out = OfKind(t, 0, OpKind::kOffload);
   CHECK(out.size() == 8);
   for (OpId o : out) CHECK(t.work(o).payload_bytes == doctest::Approx(off));
-  for (OpId o : OfKind(t, 0, OpKind::kReload)) CHECK(t.work(o).payload_bytes == doctest::Approx(off));
+  for (OpId o : OfKind(t, 0, OpKind::kReload))
+    CHECK(t.work(o).payload_bytes == doctest::Approx(off));
   // As in the whole-forward case above, the copies are placed the same way: as F3 ends,
   // stage 0 holds what stays of F0-F3 and the offloaded part of two forwards (F3's, on
   // its way out, and F0's, back for B0).
