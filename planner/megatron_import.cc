@@ -352,6 +352,33 @@ StatusOr<MegatronImport> ImportMegatron(std::string_view script, const std::stri
     yaml.erase("training.recompute_modules");
     out.notes.push_back("--recompute-modules without --recompute-granularity selective: not used");
   }
+  // Megatron's expert classes apply to MoE layers only; a dense model has none to move.
+  if (auto it = yaml.find("training.offload_modules");
+      it != yaml.end() && !yaml.count("model.llm.moe.experts")) {
+    std::string kept;
+    bool dropped = false;
+    std::istringstream items(it->second.substr(1, it->second.size() - 2));  // "[a, b]"
+    for (std::string v; std::getline(items >> std::ws, v, ',');) {
+      if (v == "expert_fc1" || v == "moe_act")
+        dropped = true;
+      else
+        kept += (kept.empty() ? "" : ", ") + v;
+    }
+    if (dropped)
+      out.notes.push_back("--offload-modules expert_fc1 / moe_act: no MoE layers, left out");
+    if (kept.empty())
+      yaml.erase(it);
+    else
+      it->second = "[" + kept + "]";
+  }
+  // Megatron offloads the modules named by --offload-modules (none by default): without a
+  // class pipeplan models, nothing is offloaded.
+  if (yaml.count("training.offload") && !yaml.count("training.offload_modules")) {
+    yaml.erase("training.offload");
+    out.notes.push_back(
+        "--fine-grained-activation-offloading without a module pipeplan models in "
+        "--offload-modules: nothing is offloaded");
+  }
   if (yaml.count("training.offload_modules") && !yaml.count("training.offload")) {
     yaml.erase("training.offload_modules");
     out.notes.push_back(

@@ -884,6 +884,21 @@ StatusOr<Config> WithLevels(const Config& c, const MemoryLevels& m) {
   RETURN_IF_ERROR(doc.ApplySet(fmt::format("training.saved_activations=[{}]", storage)));
   if (OffloadsAny(k) || c.training.memory_offload)
     RETURN_IF_ERROR(doc.ApplySet(fmt::format("training.offload=[{}]", offload)));
+  // Keys that refine a mode no LLM rank was given would not load as a manual config.
+  bool selective = false, full = false, fp8 = false, offloads = false;
+  for (int r = 0; r < m.pp; ++r) {
+    selective = selective || m.mode(r).recompute == Recompute::kSelective;
+    full = full || m.mode(r).recompute == Recompute::kFull;
+    fp8 = fp8 || m.mode(r).storage == ActStorage::kFp8;
+    offloads = offloads || m.mode(r).place != ActPlace::kDevice;
+  }
+  for (auto [key, applies] :
+       {std::pair{"training.recompute_modules", selective},
+        std::pair{"training.overlap_moe_recompute", selective},
+        std::pair{"training.recompute_method", full},
+        std::pair{"training.recompute_num_layers", full}, std::pair{"training.fp8_modules", fp8},
+        std::pair{"training.offload_modules", offloads}})
+    if (!applies) doc.Erase(key);
   auto module = [&](const char* key, bool enabled, MemoryMode mode, Recompute* rc, ActStorage* st,
                     ActPlace* place) -> Status {
     *rc = mode.recompute, *st = mode.storage, *place = mode.place;

@@ -54,8 +54,9 @@ CostModel::Parts CostModel::ComputeParts(const Work& w, int gpus, int tp, int ep
     // experts' data-gradient GEMMs): what those GEMMs' time covers is hidden.
     if (w.ep_overlap_flops > 0) {
       const double rate = (w.fp8_flops > 0 ? s.fp8_flops : s.bf16_flops) * s.compute_efficiency;
-      t -= std::min(all_to_all(w.ep_overlap_bytes, w.ep_overlap_calls),
-                    w.ep_overlap_flops * per_gpu / rate);
+      parts.covering = std::min(all_to_all(w.ep_overlap_bytes, w.ep_overlap_calls),
+                                w.ep_overlap_flops * per_gpu / rate);
+      t -= parts.covering;
     }
   }
   return parts;
@@ -163,7 +164,9 @@ std::vector<double> CostModel::Durations(const Table& t) const {
     const Parts a = ComputeParts(t.work(i), r.gpus, m.tp, m.ep, m.gpus_per_node);
     const Parts b = ComputeParts(t.work(j), r.gpus, m.tp, m.ep, m.gpus_per_node);
     d[i] = a.kernels;
-    d[j] = b.kernels + std::max(0.0, a.comm + b.comm - a.kernels - b.kernels);
+    // Kernel time that already hides an op's own overlapped all-to-alls hides nothing else.
+    d[j] = b.kernels +
+           std::max(0.0, a.comm + b.comm - (a.kernels - a.covering) - (b.kernels - b.covering));
   }
   return d;
 }

@@ -38,6 +38,7 @@ class CostModel {
   // two together.
   struct Parts {
     double kernels = 0, comm = 0;
+    double covering = 0;  // of kernels, the seconds already hiding overlapped all-to-alls
   };
   Parts ComputeParts(const Work& w, int gpus, int tp, int ep, int gpus_per_node,
                      bool fold_across_nodes = false) const;

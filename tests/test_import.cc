@@ -129,6 +129,19 @@ TEST_CASE("import-megatron: --recompute-modules and --offload-modules take lists
   CHECK(c.training.precision == Precision::kBf16);  // the flag after the list is read
   CHECK(std::count(r->notes.begin(), r->notes.end(),
                    "--recompute-modules mla_up_proj: not modelled, left out") == 1);
+  // Megatron offloads only the named modules: the flag alone, or with names pipeplan does
+  // not model or (a dense model) expert classes only, offloads nothing.
+  for (const char* mods : {"", "--offload-modules dense_mlp", "--offload-modules expert_fc1"}) {
+    CAPTURE(mods);
+    auto only = ImportMegatron(base + "--fine-grained-activation-offloading " + mods, "run.sh", {});
+    REQUIRE(only.ok());
+    CHECK(load(*only).training.offload == ActPlace::kDevice);
+  }
+  auto dense = ImportMegatron(
+      base + "--fine-grained-activation-offloading --offload-modules expert_fc1 attn_proj",
+      "run.sh", {});
+  REQUIRE(dense.ok());
+  CHECK(load(*dense).training.offload_modules == kTcAttnProj);
   // Without the flags that enable them, the lists are dropped with a note.
   auto bare = ImportMegatron(base + "--recompute-modules layernorm --offload-modules core_attn",
                              "run.sh", {});

@@ -556,10 +556,33 @@ TEST_CASE("overlap_moe_recompute: the recomputed dispatch hides behind the exper
   const double covers = gemm / (s.bf16_flops * s.compute_efficiency);
   CHECK(cost.ComputeSeconds(b, 1, 1, 2, 4, false) - cost.ComputeSeconds(bo, 1, 1, 2, 4, false) ==
         doctest::Approx((L - 1) * std::min(a2a, covers)).epsilon(1e-9));
+  // That GEMM time hides nothing else (DualPipeV's overlapped F/B pairs).
+  CHECK(cost.ComputeParts(bo, 1, 1, 2, 4).covering ==
+        doctest::Approx((L - 1) * std::min(a2a, covers)).epsilon(1e-9));
+  CHECK(cost.ComputeParts(b, 1, 1, 2, 4).covering == 0);
   // The forward and a dense or serial plan are unchanged; the key needs `moe` recompute.
   CHECK(BuildTextWorkload(overlapped).f[0] == BuildTextWorkload(serial).f[0]);
   CHECK(ParseError(serial, {"training.recompute_modules=[core_attn]",
                             "training.overlap_moe_recompute=true"}) ==
         "--set training.overlap_moe_recompute=true: 'training.overlap_moe_recompute' needs MoE "
         "layers over ep > 1 and selective recompute of 'moe' (training.recompute_modules)");
+}
+
+TEST_CASE("memory: auto stores a config that loads when the search leaves a refining key idle") {
+  // The small model fits as configured (no recompute, bf16, on the device): the class and
+  // module keys refine modes no rank was given, so the stored manual config drops them.
+  const Config c =
+      SmallConfig(PipelineKind::k1F1B, 2, 1, 4, 1,
+                  {"training.memory=auto", "training.memory_policies=[recompute, fp8, offload]",
+                   "training.offload_modules=[core_attn]", "training.fp8_modules=[core_attn]",
+                   "training.recompute_modules=[core_attn, layernorm]"});
+  MemoryChoice choice;
+  auto t = BuildPlan(c, &choice);
+  REQUIRE_MESSAGE(t.ok(), t.status().message());
+  for (int r = 0; r < 2; ++r) CHECK(choice.text[r].recompute == Recompute::kNone);
+  auto stored = ConfigOfPlan(*t, "plan.pb");
+  REQUIRE_MESSAGE(stored.ok(), stored.status().message());
+  CHECK(!stored->training.memory_auto);
+  CHECK(stored->training.offload_modules == 0);
+  CHECK(stored->training.fp8_modules == 0);
 }
