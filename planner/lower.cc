@@ -171,16 +171,24 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
         out.push_back(
             {OpKey{r, OpKind::kReload, Module::kOptimizer, c}, works.grad_in[shape.global(c, s)]});
     for (const ModalitySync* m : mine) modality_op(*m, m->reduce, m->reduce_work, &out);
-    const bool muon = sync && !works.muon_gather.empty();
-    auto muon_op = [&](int bucket) {
-      out.push_back({OpKey{r, works.muon_kind, Module::kOptimizer, -1, -1, -1, dp_group_of_stage[s],
-                           bucket > 0 ? bucket : -1},
-                     works.muon_gather[s],
-                     CollectiveTag(works.muon_kind, Module::kOptimizer, -1, bucket)});
+    // Muon's exchanges: bucket 0 (piece -1) gathers, bucket 1 sends the updates back.
+    auto muon_op = [&](int chunk, int bucket, WorkId work) {
+      out.push_back({OpKey{r, works.muon_kind, Module::kOptimizer, chunk, -1, -1,
+                           dp_group_of_stage[s], bucket > 0 ? bucket : -1},
+                     work, CollectiveTag(works.muon_kind, Module::kOptimizer, chunk, bucket)});
     };
-    if (muon) muon_op(0);
+    const std::vector<WorkId> none;
+    const auto& muon_gather =
+        sync && s < static_cast<int>(works.muon_gather.size()) ? works.muon_gather[s] : none;
+    const bool pipelined = !muon_gather.empty() && works.muon_kind == OpKind::kAllToAll;
+    if (!muon_gather.empty()) muon_op(pipelined ? 0 : -1, 0, muon_gather[0]);
     out.push_back({OpKey{r, OpKind::kOptStep, Module::kOptimizer}, works.opt_step[s]});
-    if (muon && works.muon_kind == OpKind::kAllToAll) muon_op(1);  // the updates back
+    for (size_t c = 0; pipelined && c < muon_gather.size(); ++c) {
+      if (c + 1 < muon_gather.size()) muon_op(c + 1, 0, muon_gather[c + 1]);
+      out.push_back({OpKey{r, OpKind::kOptStep, Module::kOptimizer, static_cast<int32_t>(c)},
+                     works.muon_step[s][c]});
+      muon_op(c, 1, works.muon_scatter[s][c]);
+    }
     if (gather && !works.gather_first) gathers(&out);
     for (const ModalitySync* m : mine)
       if (!m->gather_first && m->gather_work >= 0)
@@ -377,7 +385,8 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
     // Last backward per (module, chunk) so far, and the rank's gradient collectives.
     std::vector<std::pair<int64_t, TableBuilder::Handle>> last_backward;
     std::vector<TableBuilder::Handle> grad_collectives;
-    TableBuilder::Handle opt_step = UINT32_MAX;
+    TableBuilder::Handle opt_step = UINT32_MAX;  // the last OPT_STEP so far
+    std::vector<std::pair<int32_t, TableBuilder::Handle>> steps, muon_gathers;  // (chunk, op)
     // Host copies: the last compute op, activations on their way out and back.
     TableBuilder::Handle last_compute = UINT32_MAX;
     // Pipeline ZeRO-2: the last per-micro-batch reduction, gradient copies per chunk.
@@ -445,17 +454,25 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
         else
           last->second = h;
       } else if (IsCollective(k.kind) && k.module == Module::kOptimizer) {
-        // Muon's gather precedes the optimizer step (after host gradients came back); its
-        // updates sent back follow it.
-        if (opt_step != UINT32_MAX) {
-          b->AddDep(h, opt_step);
+        // Muon: a gather follows the gradients (back from the host too); the updates sent
+        // back follow their chunk's step.
+        if (k.piece == 1) {
+          for (auto [step_chunk, step] : steps)
+            if (step_chunk == k.chunk) b->AddDep(h, step);
         } else {
           for (TableBuilder::Handle g : grad_in) b->AddDep(h, g);
-          grad_collectives.push_back(h);
+          for (TableBuilder::Handle c : grad_collectives) b->AddDep(h, c);
+          muon_gathers.push_back({k.chunk, h});
         }
       } else if (k.kind == OpKind::kOptStep) {
+        // The step over the shard (chunk -1) after every gradient collective; a Muon chunk's
+        // step after its gather; each after the gradients back from the host.
         opt_step = h;
-        for (TableBuilder::Handle c : grad_collectives) b->AddDep(h, c);
+        steps.push_back({k.chunk, h});
+        if (k.chunk < 0)
+          for (TableBuilder::Handle c : grad_collectives) b->AddDep(h, c);
+        for (auto [gather_chunk, g] : muon_gathers)
+          if (gather_chunk == k.chunk) b->AddDep(h, g);
         for (TableBuilder::Handle c : grad_in) b->AddDep(h, c);
       } else if (k.kind == OpKind::kAllGather && opt_step != UINT32_MAX) {
         b->AddDep(h, opt_step);

@@ -60,10 +60,13 @@ struct GradSyncWorks {
   // overlap_param_gather: the all-gathers open the step (they fetch the parameters the
   // previous step's optimizer updated) and each chunk's first forward waits for its own.
   bool gather_first = false;
-  // Muon (per pp rank; empty: Adam or dp 1): its gather before the optimizer step, over the
-  // DP group, of kind muon_kind; an all-to-all (targeted p2p) also sends the updates back
-  // after the step.
-  std::vector<WorkId> muon_gather;
+  // Muon, per pp rank (empty lists: Adam or dp 1), over the DP group. muon_kind all-gather:
+  // one gather of the whole buffer (muon_gather[s][0]) before the optimizer step. All-to-all
+  // (targeted p2p), per model chunk c: the gather of the matrices the GPU owns
+  // (muon_gather[s][c]), their Newton-Schulz step (muon_step[s][c], OPT_STEP of chunk c,
+  // after the Adam step opt_step[s]) and the updates sent back (muon_scatter[s][c]); chunk
+  // c + 1's gather runs under chunk c's step.
+  std::vector<std::vector<WorkId>> muon_gather, muon_step, muon_scatter;
   OpKind muon_kind = OpKind::kAllToAll;
   // Pipeline ZeRO-2 with host gradients (per global stage; empty: off): after every
   // micro-batch's B or W of a chunk, the chunk's gradients reduce-scattered over DP
@@ -83,7 +86,8 @@ inline constexpr int kMaxBuckets = 64;
 
 // Per rank and chunk: gradient reduction over the stage's DP group right after the
 // chunk's last backward (ALL_REDUCE, or REDUCE_SCATTER with ZeRO >= 1), or per bucket
-// after each bucket piece of it; then OPT_STEP; then parameter ALL_GATHER per chunk with
+// after each bucket piece of it; then OPT_STEP (and Muon's exchanges and per-chunk steps);
+// then parameter ALL_GATHER per chunk with
 // ZeRO >= 1 (or first in the step with gather_first). Returns nothing when dp == 1 except
 // the optimizer steps.
 // A modality's parameters (vision, generator) synchronised over `group`: the reduction
@@ -158,7 +162,9 @@ Status AddHostCopies(std::vector<RankSeq>* seqs, const HostCopyModel& model, Tab
 
 // Adds every op to the builder in sequence order and links dependencies by rule:
 // RECV -> its SEND (by tag); a gradient collective -> the last backward of its module and
-// chunk on the rank; OPT_STEP -> the rank's gradient collectives; ALL_GATHER -> OPT_STEP;
+// chunk on the rank; OPT_STEP -> the rank's gradient collectives and Muon's gather of its
+// chunk; Muon's gather -> the gradient collectives; the updates sent back -> their chunk's
+// OPT_STEP; ALL_GATHER -> the last OPT_STEP;
 // an ALL_GATHER before any compute of its chunk: that chunk's first text F -> it;
 // OFFLOAD -> the compute op before it (its forward); RELOAD -> its OFFLOAD and the compute
 // op before it; the first reader of the activations -> their RELOAD.

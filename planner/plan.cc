@@ -590,28 +590,48 @@ StatusOr<Table> PlanOnce(const Config& c) {
     double params = 0;
     for (int m = 0; m < 3; ++m)
       params += ranks[s].params[m] / (c.training.zero_stage >= 1 ? ranks[s].state_shard[m] : 1);
-    MuonCost muon;
-    muon.params_per_gpu = ranks[s].muon_params;
-    if (c.training.muon)
-      for (int ch = 0; ch < shape.vp; ++ch)
-        muon.ns_flops_per_gpu += MuonOfStage(c, p.stages[shape.global(ch, s)]).ns_flops_per_gpu;
     // Muon: the momentum update (read gradient and momentum, write momentum: 12 bytes per
     // parameter) and the update applied (read master, write it and the bf16 weight: 10) over
     // the GPU's shard, plus Newton-Schulz (bf16 GEMMs) on the matrices it owns; the cp GPUs
     // of a rank hold the same matrices and split their owners.
-    const double on_muon = muon.params_per_gpu / text_shard;
-    Work opt;
-    opt.hbm_bytes = 34 * (params - on_muon) + 22 * on_muon;
-    opt.flops = 10 * params * p.tp * p.cp + muon.ns_flops_per_gpu * p.tp;
-    opt.kernels = 4;
+    std::vector<MuonCost> muon(c.training.muon ? shape.vp : 0);
+    double on_muon = 0, ns_flops = 0;
+    for (int ch = 0; ch < static_cast<int>(muon.size()); ++ch) {
+      muon[ch] = MuonOfStage(c, p.stages[shape.global(ch, s)]);
+      on_muon += muon[ch].params_per_gpu / text_shard, ns_flops += muon[ch].ns_flops_per_gpu;
+    }
+    auto step = [&](double adam_params, double muon_params, double ns) {
+      Work w;
+      w.hbm_bytes = 34 * adam_params + 22 * muon_params;
+      w.flops = 10 * (adam_params + muon_params) * p.tp * p.cp + ns * p.tp;
+      w.kernels = 4;
+      return w;
+    };
+    // Each owner needs its matrices whole: the fp32 momentum-updated gradients of the
+    // GPU's shards. all_gather: all of them on every GPU, one buffer of the whole stage
+    // (freed by the step). p2p: per model chunk, only the matrices it owns (a 1/dp share: an
+    // all-to-all over the DP group) into a buffer that the updates sent back leave; Adam's
+    // step first, then each chunk's Newton-Schulz while the next chunk's matrices arrive.
+    const bool exchange = c.training.muon && p.dp > 1;
+    const bool pipelined = exchange && !c.training.muon_all_gather;
+    Work opt = step(params - on_muon, pipelined ? 0 : on_muon, pipelined ? 0 : ns_flops);
+    if (exchange && !pipelined) opt.mem_delta_bytes = -4 * ranks[s].muon_params;
     sync.opt_step.push_back(b.AddWork(opt));
-    if (c.training.muon && p.dp > 1) {
-      // Each owner needs its matrices whole: the fp32 momentum-updated gradients of the
-      // GPU's shards, all of them on every GPU (all_gather), or (p2p) only those it owns
-      // (a 1/dp share: an all-to-all over the DP group) and their updates sent back.
+    sync.muon_gather.emplace_back(), sync.muon_step.emplace_back();
+    sync.muon_scatter.emplace_back();
+    if (exchange && !pipelined) {
       Work gather;
-      gather.payload_bytes = 4 * muon.params_per_gpu / (c.training.muon_all_gather ? 1 : p.dp);
-      sync.muon_gather.push_back(b.AddWork(gather));
+      gather.payload_bytes = gather.mem_delta_bytes = 4 * ranks[s].muon_params;
+      sync.muon_gather[s].push_back(b.AddWork(gather));
+    }
+    for (size_t ch = 0; pipelined && ch < muon.size(); ++ch) {
+      Work gather, back;
+      gather.payload_bytes = gather.mem_delta_bytes = 4 * muon[ch].params_per_gpu / p.dp;
+      back.payload_bytes = gather.payload_bytes, back.mem_delta_bytes = -gather.payload_bytes;
+      sync.muon_gather[s].push_back(b.AddWork(gather));
+      sync.muon_step[s].push_back(
+          b.AddWork(step(0, muon[ch].params_per_gpu / text_shard, muon[ch].ns_flops_per_gpu)));
+      sync.muon_scatter[s].push_back(b.AddWork(back));
     }
   }
   sync.muon_kind = c.training.muon_all_gather ? OpKind::kAllGather : OpKind::kAllToAll;

@@ -16,6 +16,8 @@ int ActCat(Module m) {
       return kActVision;
     case Module::kGenerator:
       return kActGenerator;
+    case Module::kOptimizer:  // Muon's gather buffers
+      return kOptimizer;
     default:
       return kActText;
   }
@@ -80,13 +82,17 @@ std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const 
         StaticMemory(t.ranks()[r], t.meta().vp, chunk_params[r], o, &host);
     RankMemory& rm = out[r];
     // Memory effects in time order (ties: sequence order): device effects at the op's end
-    // (a RELOAD's at its start), host effects of copies at an OFFLOAD's start and a
-    // RELOAD's end.
+    // (a RELOAD's and a filling collective's at its start), host effects of copies at an OFFLOAD's
+    // start and a RELOAD's end.
     events.assign(held[r].begin(), held[r].end());
     for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) {
       const OpKind k = t.kind(i);
-      if (t.work(i).mem_delta_bytes != 0)
-        events.push_back({k == OpKind::kReload ? tl.start[i] : tl.end[i], i, kDevice});
+      // A buffer filled by a transfer is allocated when the transfer starts.
+      const double delta = t.work(i).mem_delta_bytes;
+      if (delta != 0)
+        events.push_back(
+            {k == OpKind::kReload || (IsCollective(k) && delta > 0) ? tl.start[i] : tl.end[i], i,
+             kDevice});
       if (IsCopy(k) && t.peer(i) < 0 && t.module(i) != Module::kOptimizer)  // not gradients
         events.push_back({k == OpKind::kOffload ? tl.start[i] : tl.end[i], i, kHost});
     }

@@ -1,9 +1,9 @@
 // Memory per rank (per GPU of the rank): static (weights, gradients, optimizer states by
 // ZeRO stage) plus activations per module, with lifetimes from the timeline: an op's
-// mem_delta_bytes applies when it ends, a RELOAD's when it starts (its buffer is allocated
-// before the copy). Host memory holds what OFFLOADs copied out, from the OFFLOAD's start
-// to the end of its RELOAD; a remote OFFLOAD's bytes are held in its peer rank's device
-// memory (act_held) over the same interval.
+// mem_delta_bytes applies when it ends, a RELOAD's (and a collective's that fills a buffer:
+// Muon's gathers) when it starts (its buffer is allocated before the copy). Host memory holds what
+// OFFLOADs copied out, from the OFFLOAD's start to the end of its RELOAD; a remote OFFLOAD's bytes
+// are held in its peer rank's device memory (act_held) over the same interval.
 #pragma once
 
 #include <array>

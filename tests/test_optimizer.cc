@@ -47,15 +47,21 @@ TEST_CASE("muon: the owners' gather, targeted or naive, around the optimizer ste
   REQUIRE(ValidatePlan(tp).ok());
   REQUIRE(ValidatePlan(tn).ok());
   const double params = MuonOfStage(p2p, p2p.parallel.stages[0]).params_per_gpu;
-  // p2p: an all-to-all of the 1/dp share it owns (fp32), the step, the updates back.
+  // p2p: an all-to-all of the 1/dp share it owns (fp32), Adam's step over the rest (it
+  // needs no gather), the chunk's Newton-Schulz step, the updates back.
   const std::vector<OpId> a = Ops(tp, 0, Module::kOptimizer);
-  REQUIRE(a.size() == 3);
-  CHECK(tp.kind(a[0]) == OpKind::kAllToAll);
-  CHECK(tp.kind(a[1]) == OpKind::kOptStep);
-  CHECK(tp.kind(a[2]) == OpKind::kAllToAll);
+  REQUIRE(a.size() == 4);
+  CHECK(tp.str(a[0]) == "r0 optimizer.ALL_TO_ALL c0 @g0");
+  CHECK(tp.str(a[1]) == "r0 OPT_STEP");
+  CHECK(tp.str(a[2]) == "r0 OPT_STEP c0");
+  CHECK(tp.str(a[3]) == "r0 optimizer.ALL_TO_ALL c0 p1 @g0");
   CHECK(tp.work(a[0]).payload_bytes == 4 * params / 2);
-  CHECK(std::find(tp.deps(a[1]).begin(), tp.deps(a[1]).end(), a[0]) != tp.deps(a[1]).end());
-  CHECK(std::find(tp.deps(a[2]).begin(), tp.deps(a[2]).end(), a[1]) != tp.deps(a[2]).end());
+  auto waits = [](const Table& t, OpId i, OpId d) {
+    return std::find(t.deps(i).begin(), t.deps(i).end(), d) != t.deps(i).end();
+  };
+  CHECK(!waits(tp, a[1], a[0]));
+  CHECK(waits(tp, a[2], a[0]));
+  CHECK(waits(tp, a[3], a[2]));
   // all_gather: the whole buffer before the step, nothing after.
   const std::vector<OpId> g = Ops(tn, 0, Module::kOptimizer);
   REQUIRE(g.size() == 2);
@@ -64,10 +70,12 @@ TEST_CASE("muon: the owners' gather, targeted or naive, around the optimizer ste
   // The step: Adam's 34 bytes per parameter become 22 on the Muon ones, plus Newton-Schulz
   // (ZeRO-1 over dp 2: the GPU updates half of its parameters).
   const std::vector<OpId> o = Ops(ta, 0, Module::kOptimizer);
-  const Work &muon_step = tp.work(a[1]), &adam_step = ta.work(o.back());
-  CHECK(adam_step.hbm_bytes - muon_step.hbm_bytes == doctest::Approx(12 * params / 2));
-  CHECK(muon_step.flops - adam_step.flops ==
+  const Work &rest = tp.work(a[1]), &ns = tp.work(a[2]), &adam_step = ta.work(o.back());
+  CHECK(adam_step.hbm_bytes - rest.hbm_bytes - ns.hbm_bytes == doctest::Approx(12 * params / 2));
+  CHECK(ns.hbm_bytes == doctest::Approx(22 * params / 2));
+  CHECK(rest.flops + ns.flops - adam_step.flops ==
         doctest::Approx(MuonOfStage(p2p, p2p.parallel.stages[0]).ns_flops_per_gpu));
+  CHECK(tn.work(g[1]).flops == doctest::Approx(rest.flops + ns.flops));
   // Times (one node, NVLink): 8 us + (n - 1) / n x bytes / (450 GB/s x 0.80); the naive
   // gather moves dp times the bytes of the targeted one, which also sends them back.
   auto r = RunSimulation(tp, SimOptionsFor(p2p));
@@ -79,6 +87,56 @@ TEST_CASE("muon: the owners' gather, targeted or naive, around the optimizer ste
   // The tiny model's check still passes (the exchanges carry nothing it compares).
   Timeline tl;
   auto run = RunCpuLocal(tp, RunOptions{}, true, &tl);
+  REQUIRE_MESSAGE(run.ok(), run.status().message());
+  CHECK(run->passed());
+}
+
+TEST_CASE("muon: p2p pipelined per model chunk, the next chunk's gather under this one's step") {
+  // Interleaved 1F1B, pp 2, vp 2, dp 2: each rank holds two chunks of two layers each.
+  auto interleaved = [](std::vector<std::string> sets) {
+    sets.push_back("training.optimizer=muon");
+    return SmallConfig(PipelineKind::kInterleaved1F1B, 2, 2, 4, 2, sets);
+  };
+  const Config pc = interleaved({}), nc = interleaved({"training.muon_gather=all_gather"});
+  const Table t = Plan(pc), tn = Plan(nc);
+  REQUIRE(ValidatePlan(t).ok());
+  REQUIRE(ValidatePlan(tn).ok());
+  const std::vector<OpId> a = Ops(t, 0, Module::kOptimizer);
+  REQUIRE(a.size() == 7);
+  std::vector<std::string> names;
+  for (OpId i : a) names.push_back(t.str(i));
+  CHECK(names == std::vector<std::string>{"r0 optimizer.ALL_TO_ALL c0 @g0", "r0 OPT_STEP",
+                                          "r0 optimizer.ALL_TO_ALL c1 @g0", "r0 OPT_STEP c0",
+                                          "r0 optimizer.ALL_TO_ALL c0 p1 @g0", "r0 OPT_STEP c1",
+                                          "r0 optimizer.ALL_TO_ALL c1 p1 @g0"});
+  // Chunks 0 and 1 of rank 0 are global stages 0 and 2 (two layers each).
+  const double p0 = MuonOfStage(pc, pc.parallel.stages[0]).params_per_gpu;
+  const double p1 = MuonOfStage(pc, pc.parallel.stages[2]).params_per_gpu;
+  CHECK(t.work(a[0]).payload_bytes == 4 * p0 / 2);
+  CHECK(t.work(a[2]).payload_bytes == 4 * p1 / 2);
+  auto r = RunSimulation(t, SimOptionsFor(pc));
+  auto n = RunSimulation(tn, SimOptionsFor(nc));
+  REQUIRE(r.ok());
+  REQUIRE(n.ok());
+  const Timeline& tl = r->timeline;
+  // Chunk 1's matrices arrive while chunk 0's Newton-Schulz runs; chunk 0's updates go back
+  // once both its step and chunk 1's gather (the collective stream's order) are done.
+  CHECK(tl.start[a[2]] == tl.end[a[0]]);
+  CHECK(tl.start[a[2]] < tl.end[a[3]]);
+  CHECK(tl.start[a[3]] == std::max(tl.end[a[0]], tl.end[a[1]]));
+  CHECK(tl.start[a[4]] == std::max(tl.end[a[2]], tl.end[a[3]]));
+  CHECK(tl.start[a[5]] == std::max(tl.end[a[2]], tl.end[a[3]]));
+  // Buffers: each owner's matrices of both chunks are held at once (chunk 1 arrives before
+  // chunk 0's updates leave), 4 bytes x (p0 + p1) / dp, against the naive gather's whole
+  // buffer, 4 x (p0 + p1), on top of the same optimizer states.
+  double host = 0;
+  const double states =
+      StaticMemory(t.ranks()[0], 2, 0, SimOptionsFor(pc).memory, &host)[kOptimizer];
+  CHECK(r->memory[0].peak_by_cat[kOptimizer] == doctest::Approx(states + 4 * (p0 + p1) / 2));
+  CHECK(n->memory[0].peak_by_cat[kOptimizer] == doctest::Approx(states + 4 * (p0 + p1)));
+  // The CPU replay runs the pipelined exchanges in every rank's order.
+  Timeline replay;
+  auto run = RunCpuLocal(t, RunOptions{}, true, &replay);
   REQUIRE_MESSAGE(run.ok(), run.status().message());
   CHECK(run->passed());
 }
@@ -100,11 +158,9 @@ TEST_CASE("muon: its weights keep one fp32 momentum, not Adam's two moments") {
   // two moments); Muon's 2-D weights 8 (master, momentum). Stage 0's Muon weights: the
   // by-hand count of the test above.
   const double muon = 2 * (256 * 768 + 256 * 256 + 256 * 2048 + 1024 * 256);
-  auto optimizer = [](const Config& c) {
-    const Table t = Plan(c);
-    auto r = RunSimulation(t, SimOptionsFor(c));
-    REQUIRE_MESSAGE(r.ok(), r.status().message());
-    return r->memory[0].peak_by_cat[kOptimizer];
+  auto optimizer = [](const Config& c) {  // the states, before the step's exchanges
+    double host = 0;
+    return StaticMemory(Plan(c).ranks()[0], 1, 0, SimOptionsFor(c).memory, &host)[kOptimizer];
   };
   const Config adam = SmallConfig(PipelineKind::k1F1B, 4, 1, 4, 2), m = Muon();
   const Table t = Plan(m);
