@@ -27,9 +27,6 @@ constexpr std::string_view kPipelineNames[] = {"gpipe",     "1f1b",           "i
 constexpr std::string_view kModalityNames[] = {"inline", "decoupled", "nested", "bubble-fill",
                                                "optimus"};
 constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
-// TensorClass bits, in order.
-constexpr std::string_view kTensorClassNames[] = {
-    "attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"};
 constexpr std::string_view kStorageNames[] = {"bf16", "fp8"};
 constexpr std::string_view kPlaceNames[] = {"none", "host", "remote"};
 constexpr std::string_view kModulePlaceNames[] = {"none", "host"};  // remote: LLM layers only
@@ -427,10 +424,9 @@ void ReadTraining(MapReader m, TrainingConfig* c) {
   constexpr std::string_view kMethodNames[] = {"uniform", "block"};
   m.Enum({"recompute_method"}, &c->recompute_method, kMethodNames);
   m.Int({"recompute_num_layers"}, &c->recompute_num_layers, 1);
-  constexpr std::string_view kModuleNames[] = {"core_attn", "layernorm", "moe_act", "mlp", "moe"};
   int module = 0;
   std::vector<int> modules;
-  m.EnumOrList({"recompute_modules"}, &module, &modules, kModuleNames);
+  m.EnumOrList({"recompute_modules"}, &module, &modules, kRecomputeModuleNames);
   if (modules.empty()) modules.push_back(module);
   c->recompute_modules = 0;
   for (int k : modules) c->recompute_modules |= static_cast<uint8_t>(1 << k);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -52,6 +53,8 @@ enum RecomputeModule : uint8_t {
   kRecMlp = 8,
   kRecMoe = 16,
 };
+inline constexpr std::string_view kRecomputeModuleNames[] = {"core_attn", "layernorm", "moe_act",
+                                                             "mlp", "moe"};  // in bit order
 // Classes of the LLM layers' saved tensors, by the module whose input they are, as
 // Megatron's --offload-modules names them (fine-grained activation offloading): the input
 // norm's input (the layer input), the QKV projection's input (the norm's output), the core
@@ -68,6 +71,9 @@ enum TensorClass : uint8_t {
   kTcExpertFc1 = 32,
   kTcMoeAct = 64,
 };
+inline constexpr std::string_view kTensorClassNames[] = {"attn_norm", "qkv_linear", "core_attn",
+                                                         "attn_proj", "mlp_norm",   "expert_fc1",
+                                                         "moe_act"};  // in bit order
 // How saved activations are stored between forward and backward: bf16 as computed, or fp8
 // block-quantised (planner/workload.h: kFp8StoredPerBf16).
 enum class ActStorage { kBf16, kFp8 };

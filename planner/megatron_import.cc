@@ -8,6 +8,8 @@
 #include <set>
 #include <sstream>
 
+#include "planner/config.h"
+
 namespace pipeplan {
 namespace {
 
@@ -191,12 +193,12 @@ const std::set<std::string> kBooleanFlags = {"bf16",
 
 // Flags that take a list of words (argparse nargs='*'), and the values pipeplan models of
 // each (training.recompute_modules, training.offload_modules).
-const std::map<std::string, std::pair<std::string, std::set<std::string>>> kListFlags = {
+const std::map<std::string, std::pair<std::string, std::set<std::string_view>>> kListFlags = {
     {"recompute-modules",
-     {"training.recompute_modules", {"core_attn", "layernorm", "moe_act", "mlp", "moe"}}},
+     {"training.recompute_modules",
+      {std::begin(kRecomputeModuleNames), std::end(kRecomputeModuleNames)}}},
     {"offload-modules",
-     {"training.offload_modules",
-      {"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"}}},
+     {"training.offload_modules", {std::begin(kTensorClassNames), std::end(kTensorClassNames)}}},
 };
 
 }  // namespace
