@@ -74,6 +74,7 @@ CpuBackend::CpuBackend(const Table& t, int32_t rank, std::shared_ptr<const TinyM
       held_(std::move(held)),
       sent_(m_->ZeroGrads()) {
   for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i) {
+    grads_to_host_ = grads_to_host_ || (IsCopy(t.kind(i)) && t.module(i) == Module::kOptimizer);
     if (t.module(i) != Module::kVision) continue;
     TaskKey key{t.mb(i), t.task(i), t.chunk(i)};
     if (t.kind(i) == OpKind::kRecvF) ++vision_expected_[t.mb(i)];
@@ -90,7 +91,11 @@ CpuBackend::CpuBackend(const Table& t, int32_t rank, std::shared_ptr<const TinyM
 Status CpuBackend::Compute(OpId op) {
   const Module mod = t_.module(op);
   const OpKind k = t_.kind(op);
-  if (k == OpKind::kOptStep) return Status::Ok();  // gradients are what the check compares
+  if (k == OpKind::kOptStep) {                      // gradients are what the check compares
+    while (!partition_.empty() && !grads_to_host_)  // ZeRO-2: the GPU's shards are the step's
+      RETURN_IF_ERROR(PartitionBack(partition_.begin()->first));
+    return Status::Ok();
+  }
   if (IsCopy(k)) return mod == Module::kOptimizer ? GradCopy(op) : HostCopy(op);
   if (mod == Module::kText && k == OpKind::kF) return TextForward(op);
   if (mod == Module::kText && (k == OpKind::kB || k == OpKind::kI)) return TextBackward(op);
@@ -192,28 +197,35 @@ Status CpuBackend::HostCopy(OpId op) {
 // to the chunk's host partition; RELOAD: the partition replaces the chunk's gradients.
 Status CpuBackend::GradCopy(OpId op) {
   const int chunk = t_.chunk(op);
-  if (t_.kind(op) == OpKind::kOffload) {
-    auto it = grad_buffer_.find({chunk, t_.mb(op)});
-    if (it == grad_buffer_.end()) return Internal("its reduced gradient is not in the buffer");
-    Tensor& host = host_grads_[chunk];
-    if (host.empty()) host.assign(it->second.size(), 0.0);
-    if (host.size() != it->second.size()) return Internal("gradient shards of different sizes");
-    for (size_t k = 0; k < host.size(); ++k) host[k] += it->second[k];
-    grad_buffer_.erase(it);
-    return Status::Ok();
-  }
+  if (t_.kind(op) == OpKind::kReload) return PartitionBack(chunk);
+  auto it = grad_buffer_.find({chunk, t_.mb(op)});
+  if (it == grad_buffer_.end()) return Internal("its reduced gradient is not in the buffer");
+  RETURN_IF_ERROR(AddToPartition(chunk, it->second));
+  grad_buffer_.erase(it);
+  return Status::Ok();
+}
+
+Status CpuBackend::AddToPartition(int chunk, const Tensor& shard) {
+  Tensor& part = partition_[chunk];
+  if (part.empty()) part.assign(shard.size(), 0.0);
+  if (part.size() != shard.size()) return Internal("gradient shards of different sizes");
+  for (size_t k = 0; k < part.size(); ++k) part[k] += shard[k];
+  return Status::Ok();
+}
+
+Status CpuBackend::PartitionBack(int chunk) {
   // The chunk's slice: the one its reductions use.
   OpId reduce = UINT32_MAX;
   for (OpId i = t_.rank_begin(rank_); i < t_.rank_end(rank_) && reduce == UINT32_MAX; ++i)
     if (PerMicroBatch(t_, i) && IsCollective(t_.kind(i)) && t_.chunk(i) == chunk) reduce = i;
-  auto it = host_grads_.find(chunk);
-  if (reduce == UINT32_MAX || it == host_grads_.end())
-    return Internal("no gradient of its chunk was offloaded");
+  auto it = partition_.find(chunk);
+  if (reduce == UINT32_MAX || it == partition_.end())
+    return Internal("no reduced gradient of its chunk was kept");
   size_t off, len;
   Tensor* all = Slice(reduce, &off, &len);
-  if (it->second.size() != len) return Internal("the host partition has the wrong size");
+  if (it->second.size() != len) return Internal("the partition has the wrong size");
   std::copy(it->second.begin(), it->second.end(), all->begin() + off);
-  host_grads_.erase(it);
+  partition_.erase(it);
   return Status::Ok();
 }
 
@@ -544,8 +556,9 @@ Status CpuBackend::Reduced(OpId op, Tensor sum) {
   size_t off, len;
   Tensor* all = Slice(op, &off, &len);
   if (sum.size() != len) return Internal("reduced gradient has the wrong size");
-  if (PerMicroBatch(t_, op)) {  // into the GPU's buffer, until its OFFLOAD
-    grad_buffer_[{t_.chunk(op), t_.mb(op)}] = std::move(sum);
+  if (PerMicroBatch(t_, op)) {
+    if (!grads_to_host_) return AddToPartition(t_.chunk(op), sum);
+    grad_buffer_[{t_.chunk(op), t_.mb(op)}] = std::move(sum);  // until its OFFLOAD
     return Status::Ok();
   }
   std::copy(sum.begin(), sum.end(), all->begin() + off);

@@ -52,6 +52,11 @@ class CpuBackend : public Backend {
   Status GeneratorShard(OpId op);
   Status HostCopy(OpId op);  // OFFLOAD or RELOAD
   Status GradCopy(OpId op);  // pipeline ZeRO-2: a gradient shard to its host partition or back
+  // ZeRO-2: a reduced shard of one micro-batch added to its chunk's partition (host memory
+  // with host gradients, else the GPU's shard); the partition replacing the chunk's
+  // gradients (RELOAD, or the optimizer step without host gradients).
+  Status AddToPartition(int chunk, const Tensor& shard);
+  Status PartitionBack(int chunk);
   // The saved tensors of forward op f (its layers' inputs; the projector's input after an
   // encoder's last layer) as (stack, index) pairs.
   std::vector<std::pair<std::vector<Tensor>*, size_t>> SavedBy(OpId f);
@@ -84,12 +89,13 @@ class CpuBackend : public Backend {
   // stay, empty, until the RELOAD moves them back).
   std::map<OpId, std::vector<Tensor>> host_;
   std::shared_ptr<HeldActivations> held_;
-  // Pipeline ZeRO-2: what each micro-batch's reduction has already sent (text gradients),
-  // the reduced gradient of (chunk, micro-batch) in the GPU buffer, each chunk's host
-  // partition.
+  // ZeRO-2: what each micro-batch's reduction has already sent (text gradients), the
+  // reduced gradient of (chunk, micro-batch) in the GPU buffer until its OFFLOAD (host
+  // gradients), each chunk's partition.
   ParamSet sent_;
+  bool grads_to_host_ = false;
   std::map<std::pair<int, int>, Tensor> grad_buffer_;
-  std::map<int, Tensor> host_grads_;
+  std::map<int, Tensor> partition_;
 };
 
 struct Reference {

@@ -888,6 +888,17 @@ void CheckConsistency(Config* c, Ctx* ctx) {
       return fail(
           fmt::format("takes fewer than {} micro-batches", TrainingConfig::kMaxGradMicroBatches));
   }
+  if (t.zero_stage >= 2 && p.dp > 1) {  // a reduction per micro-batch (planner/plan.cc)
+    if (t.overlap_grad_reduce)
+      return ctx->FailAt("training.overlap_grad_reduce",
+                         "'training.zero_stage: 2' reduces every micro-batch's gradients as its "
+                         "backward produces them; overlap_grad_reduce applies to zero_stage 0 "
+                         "and 1");
+    if (t.microbatches >= TrainingConfig::kMaxGradMicroBatches)
+      return ctx->FailAt("training.zero_stage",
+                         fmt::format("'training.zero_stage: 2' takes fewer than {} micro-batches",
+                                     TrainingConfig::kMaxGradMicroBatches));
+  }
   if (t.overlap_param_gather && (t.zero_stage < 1 || !t.overlap_grad_reduce))
     return ctx->FailAt("training.overlap_param_gather",
                        "overlap_param_gather needs zero_stage >= 1 and overlap_grad_reduce");

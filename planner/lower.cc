@@ -129,19 +129,21 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
       for (PendingOp& p : pending) out.push_back(std::move(p));
       pending.clear();
     };
-    const bool host_grads = sync && !works.mb_reduce.empty();
+    const bool per_mb = sync && !works.mb_reduce.empty();  // ZeRO-2
+    const bool host_grads = per_mb && !works.grad_out.empty();
     for (const PendingOp& op : seq) {
       if (!IsP2P(op.key.kind)) flush();
       const bool last = sync && weight_grad(op.key) && --backwards_left[op.key.chunk] == 0;
       const int g = shape.global(op.key.chunk, s);
-      if (host_grads && weight_grad(op.key)) {  // pipeline ZeRO-2: every micro-batch's
+      if (per_mb && weight_grad(op.key)) {  // ZeRO-2: every micro-batch's
         out.push_back(op);
         const int32_t c = op.key.chunk, mb = op.key.mb;
         pending.push_back(
             {OpKey{r, OpKind::kReduceScatter, Module::kText, c, mb, -1, dp_group_of_stage[s]},
              works.mb_reduce[g], GradTag(c, mb)});
-        pending.push_back(
-            {OpKey{r, OpKind::kOffload, Module::kOptimizer, c, mb}, works.grad_out[g]});
+        if (host_grads)  // its shard into the host partition
+          pending.push_back(
+              {OpKey{r, OpKind::kOffload, Module::kOptimizer, c, mb}, works.grad_out[g]});
       } else if (!last) {
         out.push_back(op);
       } else if (buckets) {

@@ -438,6 +438,8 @@ SimOptions SimOptionsFor(const Config& c, bool unit_costs) {
   o.memory.reserve_bytes = c.training.comm_reserve_gb * 1024.0 * 1024 * 1024;
   o.memory.hbm_bytes = c.cluster.spec.hbm_bytes;
   o.memory.grads_on_host = c.training.grad_offload;
+  o.memory.grad_bucket_params = c.training.grad_bucket_size;
+  o.memory.grad_bytes = c.training.grad_reduce_dtype == GradDtype::kFp32 ? 4 : 2;
   return o;
 }
 
@@ -549,10 +551,12 @@ StatusOr<Table> PlanOnce(const Config& c) {
     gather.payload_bytes = tw.params_per_gpu[g] * 2;  // bf16 parameters
     sync.reduce.push_back(b.AddWork(reduce));
     sync.gather.push_back(b.AddWork(gather));
-    if (c.training.grad_offload) {  // the same reduction per micro-batch, fp32 shards to host
+    // ZeRO-2 (dp > 1): the same reduction per micro-batch (each rank keeps only its shard);
+    // with host gradients, the fp32 shards go to host memory.
+    if (c.training.zero_stage >= 2 && p.dp > 1) sync.mb_reduce.push_back(sync.reduce.back());
+    if (c.training.grad_offload) {
       Work shard;
       shard.payload_bytes = tw.params_per_gpu[g] * 4 / p.dp;
-      sync.mb_reduce.push_back(sync.reduce.back());
       sync.grad_out.push_back(b.AddWork(shard));
       sync.grad_in.push_back(sync.grad_out.back());
     }

@@ -41,6 +41,9 @@ std::array<double, kNumMemCats> StaticMemory(const RankInfo& ri, int vp, double 
     if (m == 0 && o.grads_on_host) {
       cur[kGrads] += 2 * 4 * (chunk_params > 0 ? chunk_params : p / std::max(1, vp));
       *host += 4 * p / shard;
+    } else if (m == 0 && o.zero_stage >= 2 && shard > 1) {
+      const double chunk = chunk_params > 0 ? chunk_params : p / std::max(1, vp);
+      cur[kGrads] += 4 * p / shard + 2 * o.grad_bytes * std::min(o.grad_bucket_params, chunk);
     } else {
       cur[kGrads] += 4 * p / (o.zero_stage >= 2 ? shard : 1);
     }
@@ -76,6 +79,12 @@ std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const 
       if (t.kind(i) == OpKind::kOffload && t.module(i) == Module::kOptimizer)
         chunk_params[t.rank(i)] =
             std::max(chunk_params[t.rank(i)], t.work(i).payload_bytes * t.meta().dp / 4);
+  // ZeRO-2 on the GPU: from the per-micro-batch reductions (grad_bytes per parameter).
+  if (!o.grads_on_host && o.zero_stage >= 2)
+    for (OpId i = 0; i < t.size(); ++i)
+      if (t.module(i) == Module::kText && t.mb(i) >= 0 && IsCollective(t.kind(i)))
+        chunk_params[t.rank(i)] =
+            std::max(chunk_params[t.rank(i)], t.work(i).payload_bytes / o.grad_bytes);
   for (int32_t r = 0; r < t.num_ranks(); ++r) {
     double host = 0;
     std::array<double, kNumMemCats> cur =

@@ -23,6 +23,11 @@ struct MemoryOptions {
   // Pipeline ZeRO-2 with host gradients: the LLM's fp32 gradient shard lives in host memory;
   // the GPU keeps a double buffer of its largest chunk's full fp32 gradients.
   bool grads_on_host = false;
+  // ZeRO-2 on the GPU (dp > 1): the fp32 shard accumulates each micro-batch's reduced
+  // gradients; the backward fills buckets of `grad_bucket_params` parameters (at most a
+  // chunk) of `grad_bytes` each, two at a time (one filling, one being reduced).
+  double grad_bucket_params = 0;
+  double grad_bytes = 4;
 };
 
 // Categories of the memory curve (Chrome trace counters use these names).

@@ -304,7 +304,8 @@ TEST_CASE(
     return SmallConfig(kind, 2, vp, 4, 2, sets);
   };
   const Config c = config(PipelineKind::kInterleaved1F1B, 2, {"training.grad_offload=host"});
-  const Config plain = config(PipelineKind::kInterleaved1F1B, 2, {});
+  const Config plain =
+      config(PipelineKind::kInterleaved1F1B, 2, {"training.grad_bucket_size=100000"});
   const Table t = Plan(c);
   REQUIRE(ValidatePlan(t).ok());
   // Rank 0 (stage 0 of replica 0): per chunk, 4 reductions (one per micro-batch) and as many
@@ -331,16 +332,17 @@ TEST_CASE(
   CHECK(in == 2);
   CHECK(t.deps(step).size() >= 2);
   // Memory: the GPU keeps two buffers of its largest chunk's fp32 gradients where ZeRO-2
-  // keeps its fp32 shard (4 x params / dp); the shard lives in host memory. Rank 0's two
-  // chunks have the same layers, and the first also the embedding (vocab 1000 x hidden
-  // 256): the largest holds (params + 1000 x 256) / 2.
+  // keeps its fp32 shard (4 x params / dp) and two buckets (here of 100,000 parameters);
+  // the shard lives in host memory. Rank 0's two chunks have the same layers, and the
+  // first also the embedding (vocab 1000 x hidden 256): the largest holds
+  // (params + 1000 x 256) / 2.
   auto r = RunSimulation(t, SimOptionsFor(c));
   auto p = RunSimulation(Plan(plain), SimOptionsFor(plain));
   REQUIRE(r.ok());
   REQUIRE(p.ok());
   const double largest = (params + 1000 * 256) / 2;
   CHECK(r->memory[0].peak_by_cat[kGrads] - p->memory[0].peak_by_cat[kGrads] ==
-        doctest::Approx(2 * 4 * largest - 4 * params / 2));
+        doctest::Approx(2 * 4 * largest - 4 * params / 2 - 2 * 4 * 100000));
   CHECK(r->memory[0].host_peak_bytes == doctest::Approx(4 * params / 2));
   // The tiny model: each micro-batch's reduction carries that micro-batch's gradients, the
   // host partitions sum them, the copies back give the step's gradients.
@@ -356,6 +358,71 @@ TEST_CASE(
   auto run = RunCpuLocal(t, RunOptions{}, true, &tl);
   REQUIRE_MESSAGE(run.ok(), run.status().message());
   CHECK(run->passed());
+}
+
+TEST_CASE(
+    "ZeRO-2 on the GPU: every micro-batch's gradients reduce-scattered, the shard and two "
+    "buckets in memory") {
+  // As DeepSpeed's ZeRO-2: each rank keeps only its shard of the gradients, so it cannot
+  // wait for the end of the step to reduce them.
+  auto config = [](int zero, std::vector<std::string> sets) {
+    sets.push_back(fmt::format("training.zero_stage={}", zero));
+    return SmallConfig(PipelineKind::kInterleaved1F1B, 2, 2, 4, 2, sets);
+  };
+  const Config z2 = config(2, {"training.grad_bucket_size=100000"}), z1 = config(1, {});
+  const Table t = Plan(z2), t1 = Plan(z1);
+  REQUIRE(ValidatePlan(t).ok());
+  // Rank 0: a reduction after each of its 2 chunks x 4 micro-batches' backwards, each of
+  // the whole chunk's gradients (fp32), no copy; ZeRO-1 reduces once per chunk at the end.
+  std::vector<OpId> reduces, reduces1;
+  for (OpId i : OfKind(t, 0, OpKind::kReduceScatter))
+    if (t.module(i) == Module::kText) reduces.push_back(i);
+  for (OpId i : OfKind(t1, 0, OpKind::kReduceScatter))
+    if (t1.module(i) == Module::kText) reduces1.push_back(i);
+  REQUIRE(reduces.size() == 2 * 4);
+  REQUIRE(reduces1.size() == 2);
+  for (OpId i : reduces) {
+    CAPTURE(t.str(i));
+    CHECK(t.mb(i) >= 0);
+    // After that micro-batch's backward of the chunk.
+    auto deps = t.deps(i);
+    CHECK(std::any_of(deps.begin(), deps.end(), [&](OpId d) {
+      return t.kind(d) == OpKind::kB && t.mb(d) == t.mb(i) && t.chunk(d) == t.chunk(i);
+    }));
+    for (OpId whole : reduces1)
+      if (t1.chunk(whole) == t.chunk(i))
+        CHECK(t.work(i).payload_bytes == t1.work(whole).payload_bytes);
+  }
+  CHECK(OfKind(t, 0, OpKind::kOffload).empty());
+  // Memory: gradients 4 x params / dp (the fp32 shard) + 2 x 4 x 100,000 (two buckets)
+  // against ZeRO-1's 4 x params.
+  auto r = RunSimulation(t, SimOptionsFor(z2));
+  auto r1 = RunSimulation(t1, SimOptionsFor(z1));
+  REQUIRE(r.ok());
+  REQUIRE(r1.ok());
+  const double params = t.ranks()[0].params[0];
+  CHECK(r->memory[0].peak_by_cat[kGrads] == doctest::Approx(4 * params / 2 + 2 * 4 * 100000));
+  CHECK(r1->memory[0].peak_by_cat[kGrads] == doctest::Approx(4 * params));
+  // The tiny model: the shard sums each micro-batch's reduced gradients; at the optimizer
+  // step they are the step's gradients.
+  for (PipelineKind kind : {PipelineKind::k1F1B, PipelineKind::kInterleaved1F1B}) {
+    CAPTURE(PipelineName(kind));
+    Timeline tl;
+    auto run = RunCpuLocal(Plan(SmallConfig(kind, 2, kind == PipelineKind::k1F1B ? 1 : 2, 4, 2,
+                                            {"training.zero_stage=2"})),
+                           RunOptions{}, true, &tl);
+    REQUIRE_MESSAGE(run.ok(), run.status().message());
+    CHECK(run->passed());
+  }
+  // Megatron's overlapped reduction is ZeRO 0/1's: an error names the key.
+  auto doc = YamlDoc::FromString("cfg.yaml", z1.resolved_yaml);
+  REQUIRE(doc.ok());
+  REQUIRE(doc->ApplySet("training.zero_stage=2").ok());
+  REQUIRE(doc->ApplySet("training.overlap_grad_reduce=true").ok());
+  auto bad = ParseConfig(std::move(*doc));
+  REQUIRE(!bad.ok());
+  CHECK(bad.status().message().find("training.overlap_grad_reduce") != std::string::npos);
+  CHECK(bad.status().message().find("reduces every micro-batch's gradients") != std::string::npos);
 }
 
 TEST_CASE("pipeline ZeRO-2 with host gradients: errors name the key") {
