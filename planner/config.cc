@@ -825,26 +825,43 @@ void CheckConsistency(Config* c, Ctx* ctx) {
     if (!ctx->seen.count("model.generator.recompute"))
       c->model.generator.recompute = Recompute::kNone;
   }
+  t.pp = p.pp;
+  const int stages = static_cast<int>(p.stages.size());
   for (auto [key, n] : {std::pair{"training.recompute", t.recompute_by_rank.size()},
                         std::pair{"training.saved_activations", t.saved_activations_by_rank.size()},
-                        std::pair{"training.offload", t.offload_by_rank.size()}})
-    if (n != 0 && static_cast<int>(n) != p.pp)
-      return ctx->FailAt(
-          key, fmt::format("'{}' has {} entr{}; one per pipeline rank (pp = {}) is needed", key, n,
-                           n == 1 ? "y" : "ies", p.pp));
-  bool full = t.memory_auto;  // the search may reach full recompute
-  for (int r = 0; r < p.pp; ++r) full = full || t.RecomputeOf(r) == Recompute::kFull;
-  bool selective = t.memory_auto;
-  for (int r = 0; r < p.pp; ++r) selective = selective || t.RecomputeOf(r) == Recompute::kSelective;
+                        std::pair{"training.offload", t.offload_by_rank.size()}}) {
+    if (n == 0 || static_cast<int>(n) == p.pp) continue;
+    if (static_cast<int>(n) != stages)
+      return ctx->FailAt(key, fmt::format("'{}' has {} entr{}; one per pipeline rank (pp = {}){} "
+                                          "is needed",
+                                          key, n, n == 1 ? "y" : "ies", p.pp,
+                                          stages > p.pp ? fmt::format(" or one per virtual "
+                                                                      "stage ({})",
+                                                                      stages)
+                                                        : ""));
+    if (t.memory_auto)
+      return ctx->FailAt(key, fmt::format("'training.memory: auto' chooses per pipeline rank; "
+                                          "'{}' has one entry per virtual stage",
+                                          key));
+  }
+  // Whether any entry (or the one mode) satisfies `pred`.
+  auto any = [](const auto& list, auto one, auto pred) {
+    return list.empty() ? pred(one) : std::any_of(list.begin(), list.end(), pred);
+  };
+  auto is = [](auto mode) { return [mode](auto x) { return x == mode; }; };
+  const bool full = t.memory_auto ||  // the search may reach full recompute
+                    any(t.recompute_by_rank, t.recompute, is(Recompute::kFull));
+  const bool selective =
+      t.memory_auto || any(t.recompute_by_rank, t.recompute, is(Recompute::kSelective));
   if (ctx->seen.count("training.recompute_modules") && !selective)
     return ctx->FailAt("training.recompute_modules",
                        "'training.recompute_modules' applies to selective recompute; no pipeline "
                        "rank has 'training.recompute: selective'");
-  bool offloads = t.memory_auto && t.memory_offload, fp8 = t.memory_auto && t.memory_fp8;
-  for (int r = 0; r < p.pp; ++r) {
-    offloads = offloads || t.OffloadOf(r) != ActPlace::kDevice;
-    fp8 = fp8 || t.StorageOf(r) == ActStorage::kFp8;
-  }
+  const bool offloads =
+      (t.memory_auto && t.memory_offload) ||
+      any(t.offload_by_rank, t.offload, [](ActPlace x) { return x != ActPlace::kDevice; });
+  const bool fp8 = (t.memory_auto && t.memory_fp8) ||
+                   any(t.saved_activations_by_rank, t.saved_activations, is(ActStorage::kFp8));
   const bool moe =
       c->model.llm.moe.experts > 0 && c->model.llm.moe.dense_layers < c->model.llm.layers;
   if (t.overlap_moe_recompute &&

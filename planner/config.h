@@ -168,11 +168,12 @@ struct TrainingConfig {
   int global_batch_size = 0;  // 0: given by microbatches
   int microbatches = 0;       // per DP replica; derived from global_batch_size if 0
   Recompute recompute = Recompute::kSelective;
-  // training.recompute given as a list: one mode per pipeline rank (all its chunks); empty
-  // when one mode applies to every rank.
+  // training.recompute given as a list: one mode per pipeline rank (all its chunks), or one
+  // per virtual stage (pp * vp entries in stage order: the layers' order); empty when one
+  // mode applies everywhere. `stage`: the global stage of the rank's chunk in question.
   std::vector<Recompute> recompute_by_rank;
-  Recompute RecomputeOf(int pp_rank) const {
-    return recompute_by_rank.empty() ? recompute : recompute_by_rank[pp_rank];
+  Recompute RecomputeOf(int pp_rank, int stage) const {
+    return Entry(recompute_by_rank, recompute, pp_rank, stage);
   }
   // Full recompute as Megatron's --recompute-method / --recompute-num-layers: `uniform`
   // recomputes every layer and keeps the input of each group of `recompute_num_layers`
@@ -182,19 +183,27 @@ struct TrainingConfig {
   int recompute_num_layers = 1;
   // training.recompute_modules: what `selective` recompute covers (RecomputeModule bits).
   uint8_t recompute_modules = kRecCoreAttn;
-  // training.saved_activations, like recompute: one storage or one per pipeline rank.
+  // training.saved_activations, like recompute: one storage, one per pipeline rank or one
+  // per virtual stage.
   ActStorage saved_activations = ActStorage::kBf16;
   std::vector<ActStorage> saved_activations_by_rank;
-  ActStorage StorageOf(int pp_rank) const {
-    return saved_activations_by_rank.empty() ? saved_activations
-                                             : saved_activations_by_rank[pp_rank];
+  ActStorage StorageOf(int pp_rank, int stage) const {
+    return Entry(saved_activations_by_rank, saved_activations, pp_rank, stage);
   }
-  // training.offload (none | host | remote), like recompute: one place or one per pipeline
-  // rank.
+  // training.offload (none | host | remote), like recompute: one place, one per pipeline
+  // rank or one per virtual stage.
   ActPlace offload = ActPlace::kDevice;
   std::vector<ActPlace> offload_by_rank;
-  ActPlace OffloadOf(int pp_rank) const {
-    return offload_by_rank.empty() ? offload : offload_by_rank[pp_rank];
+  ActPlace OffloadOf(int pp_rank, int stage) const {
+    return Entry(offload_by_rank, offload, pp_rank, stage);
+  }
+  // The entry of a list for the chunk of pipeline rank `pp_rank` that is global stage
+  // `stage`: per rank (pp entries) or per virtual stage.
+  int pp = 1;  // parallelism.pp (set by ParseConfig)
+  template <typename E>
+  E Entry(const std::vector<E>& list, E one, int pp_rank, int stage) const {
+    if (list.empty()) return one;
+    return static_cast<int>(list.size()) == pp ? list[pp_rank] : list[stage];
   }
   // training.offload_modules / fp8_modules: the tensor classes (TensorClass bits) of the
   // LLM layers that offload moves and FP8 storage quantises; 0: every saved tensor.

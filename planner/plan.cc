@@ -718,18 +718,23 @@ StatusOr<Table> PlanOnce(const Config& c) {
     const CostModel cost = CostModel::Real(c.cluster.spec);
     HostCopyModel copies;
     auto place_of = [&](const OpKey& k) {
-      return k.module == Module::kVision      ? c.model.vision.offload
-             : k.module == Module::kGenerator ? c.model.generator.offload
-                                              : c.training.OffloadOf(k.rank % p.pp);
+      return k.module == Module::kVision ? c.model.vision.offload
+             : k.module == Module::kGenerator
+                 ? c.model.generator.offload
+                 : c.training.OffloadOf(k.rank % p.pp, shape.global(k.chunk, k.rank % p.pp));
     };
-    // Remote (the LLM layers of a pipeline rank): in each replica, the stages that offload,
-    // from the highest predicted peak down, each paired with a stage that does not, from the
-    // lowest peak up, while the holder's peak is the lower.
+    // Remote (the LLM layers of a pipeline rank): in each replica, the stages that offload
+    // (any of their chunks), from the highest predicted peak down, each paired with a stage
+    // that does not, from the lowest peak up, while the holder's peak is the lower.
     std::vector<int32_t> holder(ranks.size(), -1);
+    auto lends = [&](int s) {
+      for (int k = 0; k < shape.vp; ++k)
+        if (c.training.OffloadOf(s, shape.global(k, s)) == ActPlace::kRemote) return true;
+      return false;
+    };
     for (int d = 0; d < p.dp; ++d) {
       std::vector<int32_t> from, to;
-      for (int s = 0; s < p.pp; ++s)
-        (c.training.OffloadOf(s) == ActPlace::kRemote ? from : to).push_back(shape.rank(d, s));
+      for (int s = 0; s < p.pp; ++s) (lends(s) ? from : to).push_back(shape.rank(d, s));
       auto peak = [&](int32_t r) { return predicted.peak[r]; };
       std::stable_sort(from.begin(), from.end(),
                        [&](int32_t x, int32_t y) { return peak(x) > peak(y); });
@@ -869,9 +874,10 @@ MemoryLevels LevelsOf(const Config& c) {
     return TextLayerCost(c, moe, mode.recompute, mode.storage).act_bytes;
   };
   for (int r = 0; r < m.pp; ++r)
-    m.ladders.push_back(
-        Ladder(c, {c.training.RecomputeOf(r), c.training.StorageOf(r), c.training.OffloadOf(r)},
-               flash, true, text_bytes));
+    m.ladders.push_back(Ladder(
+        c,  // per pipeline rank (memory: auto refuses per-stage lists)
+        {c.training.RecomputeOf(r, r), c.training.StorageOf(r, r), c.training.OffloadOf(r, r)},
+        flash, true, text_bytes));
   const VisionConfig& v = c.model.vision;
   const GeneratorConfig& g = c.model.generator;
   m.ladders.push_back(

@@ -269,7 +269,7 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
   const double shard = static_cast<double>(p.tp) * p.cp;
   const double sp_shard = c.training.sequence_parallel ? shard : p.cp;
   const double V = l.vocab, h = l.hidden;
-  // Layer costs by recompute mode and activation storage (both are per pipeline rank).
+  // Layer costs by recompute mode and activation storage (both per pipeline rank or stage).
   std::array<LayerCost, 6> dense_of, moe_of;
   for (int k = 0; k < 6; ++k) {
     const auto rc = static_cast<Recompute>(k / 2);
@@ -289,8 +289,8 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement) {
   for (size_t g = 0; g < p.stages.size(); ++g) {
     const StageSpan& span = p.stages[g];
     const int32_t pp_rank = HomeOf(placement, p.pp, static_cast<int32_t>(g)).pp_rank;
-    const Recompute rc = c.training.RecomputeOf(pp_rank);
-    const int st = static_cast<int>(c.training.StorageOf(pp_rank));
+    const Recompute rc = c.training.RecomputeOf(pp_rank, static_cast<int>(g));
+    const int st = static_cast<int>(c.training.StorageOf(pp_rank, static_cast<int>(g)));
     const LayerCost& dense = dense_of[2 * static_cast<int>(rc) + st];
     Work f, bw;
     double params = 0, act = 0, attn_core = 0, attn_hbm_f = 0, attn_hbm_b = 0;

@@ -3,10 +3,12 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include "executor/check.h"
 #include "helpers.h"
 #include "planner/data.h"
 #include "planner/modality.h"
 #include "planner/plan.h"
+#include "planner/validate.h"
 #include "planner/workload.h"
 #include "simulator/cost_model.h"
 #include "simulator/metrics.h"
@@ -48,13 +50,12 @@ Metrics Simulated(const Config& c, const Table& t) {
 TEST_CASE("training.recompute as a list: one mode per pipeline rank, errors name the key") {
   const Config c =
       SmallConfig(PipelineKind::k1F1B, 2, 1, 4, 1, {"training.recompute=[full, none]"});
-  CHECK(c.training.RecomputeOf(0) == Recompute::kFull);
-  CHECK(c.training.RecomputeOf(1) == Recompute::kNone);
+  CHECK(c.training.RecomputeOf(0, 0) == Recompute::kFull);
+  CHECK(c.training.RecomputeOf(1, 1) == Recompute::kNone);
   const Config plain = SmallConfig(PipelineKind::k1F1B, 2, 1, 4);
   CHECK(ParseError(plain, {"training.recompute=[full, none, none]"}) ==
         "--set training.recompute=[full, none, none]: 'training.recompute' has 3 entries; one per "
-        "pipeline "
-        "rank (pp = 2) is needed");
+        "pipeline rank (pp = 2) is needed");
   CHECK(ParseError(plain, {"training.recompute=[full, sometimes]"}) ==
         "--set training.recompute=[full, sometimes]: bad value 'sometimes' in the list "
         "'training.recompute' (expected one of: none, selective, full)");
@@ -100,6 +101,61 @@ TEST_CASE("recompute per pipeline rank changes only the chunks that rank holds")
   for (int g : {1, 2}) CHECK(v.f[g].mem_delta_bytes == none.f[g].mem_delta_bytes);
 }
 
+TEST_CASE("recompute, storage and offload per virtual stage: each chunk its own policy") {
+  // pp 2, vp 2: a list of 4 entries is per global stage (layers 0-1, 2-3, 4-5, 6-7); rank 0
+  // holds stages 0 and 2. Each stage's works equal those of the one mode everywhere.
+  auto config = [](std::vector<std::string> sets) {
+    return SmallConfig(PipelineKind::kInterleaved1F1B, 2, 2, 4, 2, sets);
+  };
+  const Config mixed = config({"training.recompute=[full, none, selective, none]",
+                               "training.saved_activations=[bf16, bf16, fp8, bf16]"});
+  const TextWorkload w = BuildTextWorkload(mixed);
+  auto one = [&](const char* rc, const char* st) {
+    return BuildTextWorkload(config({std::string("training.recompute=") + rc,
+                                     std::string("training.saved_activations=") + st}));
+  };
+  const TextWorkload full = one("full", "bf16"), none = one("none", "bf16"),
+                     selective_fp8 = one("selective", "fp8");
+  const std::array<const TextWorkload*, 4> same = {&full, &none, &selective_fp8, &none};
+  for (int g = 0; g < 4; ++g) {
+    CAPTURE(g);
+    CHECK(w.f[g].mem_delta_bytes == same[g]->f[g].mem_delta_bytes);
+    CHECK(w.f[g].hbm_bytes == same[g]->f[g].hbm_bytes);
+    CHECK(w.f[g].saved_fp8 == (g == 2));
+    CHECK(w.b[g].flops == same[g]->b[g].flops);
+  }
+  // Offload of stage 2 only: rank 0 copies its second chunk's forwards, not its first's.
+  const Config off =
+      config({"training.offload=[none, none, host, none]", "cluster.hardware.host_link_bw=1e15"});
+  const Table t = Plan(off);
+  REQUIRE(ValidatePlan(t).ok());
+  int copied = 0;
+  for (OpId i = t.rank_begin(0); i < t.rank_end(0); ++i) {
+    if (t.kind(i) != OpKind::kOffload) continue;
+    CHECK(t.chunk(i) == 1);
+    ++copied;
+  }
+  CHECK(copied == 4);  // its 4 micro-batches
+  for (int r = 1; r < t.num_ranks(); ++r)
+    for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i)
+      CHECK((t.kind(i) != OpKind::kOffload || t.ranks()[r].pp == 0));
+  // The CPU replay: the offloaded chunk's activations leave and come back, FP8 storage of
+  // one chunk quantises and dequantises its layers only.
+  for (const Config& c : {off, mixed}) {
+    Timeline tl;
+    auto run = RunCpuLocal(Plan(c), RunOptions{}, true, &tl);
+    REQUIRE_MESSAGE(run.ok(), run.status().message());
+    CHECK(run->passed());
+  }
+  // Errors: neither per rank nor per stage; per stage under memory: auto (it chooses per
+  // rank).
+  CHECK(ParseError(mixed, {"training.offload=[none, host, none]"}) ==
+        "--set training.offload=[none, host, none]: 'training.offload' has 3 entries; one per "
+        "pipeline rank (pp = 2) or one per virtual stage (4) is needed");
+  CHECK(ParseError(mixed, {"training.memory=auto"}).find("one entry per virtual stage") !=
+        std::string::npos);
+}
+
 TEST_CASE("full recompute by Megatron's method: uniform groups and block layers") {
   // pp 2, 2 layers per stage; stage 0 (no loss) holds two identical dense layers.
   auto stage0 = [](std::vector<std::string> sets) {
@@ -138,7 +194,7 @@ TEST_CASE("memory: auto raises recompute where ranks run out of memory, and no f
   const std::vector<std::string> tight = {"training.memory=auto",
                                           "cluster.hardware.hbm_bytes=2.6e9"};
   const Config c = MultimodalConfig("nested", tight);
-  CHECK(c.training.RecomputeOf(0) == Recompute::kNone);  // the start: none where not given
+  CHECK(c.training.RecomputeOf(0, 0) == Recompute::kNone);  // the start: none where not given
   CHECK(c.model.vision.recompute == Recompute::kNone);
   MemoryChoice choice;
   auto t = BuildPlan(c, &choice);
@@ -190,7 +246,7 @@ TEST_CASE("memory: auto raises recompute where ranks run out of memory, and no f
   auto stored = ConfigOfPlan(*t, "plan.pb");
   REQUIRE_MESSAGE(stored.ok(), stored.status().message());
   CHECK(!stored->training.memory_auto);
-  for (int r = 0; r < 4; ++r) CHECK(stored->training.RecomputeOf(r) == choice.text[r].recompute);
+  for (int r = 0; r < 4; ++r) CHECK(stored->training.RecomputeOf(r, r) == choice.text[r].recompute);
   CHECK(stored->model.vision.recompute == choice.vision.recompute);
 }
 
@@ -219,7 +275,7 @@ TEST_CASE("memory: auto with fp8 storage: a faster fit than recompute alone; fp8
   // same step: memory_policies, a key of memory: auto only, is not left in it.
   auto stored = ConfigOfPlan(plan, "plan.pb");
   REQUIRE_MESSAGE(stored.ok(), stored.status().message());
-  CHECK(stored->training.StorageOf(0) == ActStorage::kFp8);
+  CHECK(stored->training.StorageOf(0, 0) == ActStorage::kFp8);
   CHECK(Simulated(*stored, Plan(*stored)).step_time_s == both.step_s);
 
   // FP8 alone never recomputes more than configured; it costs only (de)quantisation

@@ -118,8 +118,8 @@ TEST_CASE("host offload: a link too slow to hide the copies keeps the activation
 TEST_CASE("host offload per pipeline rank; errors name the key") {
   const Config c =
       OneF1B({"training.offload=[host, none, none, none]", "cluster.hardware.host_link_bw=1e15"});
-  CHECK(c.training.OffloadOf(0) == ActPlace::kHost);
-  CHECK(c.training.OffloadOf(1) == ActPlace::kDevice);
+  CHECK(c.training.OffloadOf(0, 0) == ActPlace::kHost);
+  CHECK(c.training.OffloadOf(1, 1) == ActPlace::kDevice);
   const Table t = Plan(c);
   CHECK(OfKind(t, 0, OpKind::kOffload).size() == 8);
   CHECK(OfKind(t, 1, OpKind::kOffload).empty());  // stage 1 could, but keeps them
