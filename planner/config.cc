@@ -29,7 +29,6 @@ constexpr std::string_view kModalityNames[] = {"inline", "decoupled", "nested", 
 constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
 constexpr std::string_view kStorageNames[] = {"bf16", "fp8"};
 constexpr std::string_view kPlaceNames[] = {"none", "host", "remote"};
-constexpr std::string_view kModulePlaceNames[] = {"none", "host"};  // remote: LLM layers only
 constexpr std::string_view kAttentionNames[] = {"flash", "unfused"};
 constexpr std::string_view kOrderNames[] = {"drawn", "light_ends"};
 constexpr std::string_view kPlacementNames[] = {"fsdp", "replicated"};
@@ -368,7 +367,7 @@ void ReadModel(MapReader m, ModelConfig* c) {
     v.Int({"merge"}, &vc.merge, 1, false, 64);
     v.Enum({"recompute"}, &vc.recompute, kRecomputeNames);
     v.Enum({"saved_activations"}, &vc.saved_activations, kStorageNames);
-    v.Enum({"offload"}, &vc.offload, kModulePlaceNames);
+    v.Enum({"offload"}, &vc.offload, kPlaceNames);
     v.Bool({"cp"}, &vc.cp);
     v.Int({"cp_threshold_patches"}, &vc.cp_threshold_patches, 1);
     v.Int({"cp_max_group"}, &vc.cp_max_group, 1);
@@ -387,7 +386,7 @@ void ReadModel(MapReader m, ModelConfig* c) {
     g.Int({"latent_patch"}, &gc.latent_patch, 1, false, 4096);
     g.Enum({"recompute"}, &gc.recompute, kRecomputeNames);
     g.Enum({"saved_activations"}, &gc.saved_activations, kStorageNames);
-    g.Enum({"offload"}, &gc.offload, kModulePlaceNames);
+    g.Enum({"offload"}, &gc.offload, kPlaceNames);
     g.Enum({"placement"}, &gc.placement, kPlacementNames);
     g.Finish();
   }

@@ -78,8 +78,8 @@ inline constexpr std::string_view kTensorClassNames[] = {"attn_norm", "qkv_linea
 // block-quantised (planner/workload.h: kFp8StoredPerBf16).
 enum class ActStorage { kBf16, kFp8 };
 // Where saved activations wait for their backward: in device memory, or copied after the
-// forward (OFFLOAD) and back before the backward (RELOAD) to host memory or (the LLM's
-// layers only) to the device memory of another pipeline stage of the replica (remote).
+// forward (OFFLOAD) and back before the backward (RELOAD) to host memory or to the device
+// memory of another pipeline stage of the replica (remote).
 enum class ActPlace { kDevice, kHost, kRemote };
 
 // Where a modality's parameters live. fsdp: sharded over every GPU of the job, gathered

@@ -723,18 +723,25 @@ StatusOr<Table> PlanOnce(const Config& c) {
                  ? c.model.generator.offload
                  : c.training.OffloadOf(k.rank % p.pp, shape.global(k.chunk, k.rank % p.pp));
     };
-    // Remote (the LLM layers of a pipeline rank): in each replica, the stages that offload
-    // (any of their chunks), from the highest predicted peak down, each paired with a stage
-    // that does not, from the lowest peak up, while the holder's peak is the lower.
+    // Remote: in each replica, the stages that lend activations to another (any chunk of
+    // their LLM layers, or the encoder's or generator's forwards they run), from the
+    // highest predicted peak down, each paired with a stage that does not, from the lowest
+    // peak up, while the holder's peak is the lower.
     std::vector<int32_t> holder(ranks.size(), -1);
-    auto lends = [&](int s) {
+    auto lends = [&](int32_t rank) {
+      const int s = rank % p.pp;
       for (int k = 0; k < shape.vp; ++k)
         if (c.training.OffloadOf(s, shape.global(k, s)) == ActPlace::kRemote) return true;
+      for (const PendingOp& op : seqs[rank])
+        if (op.key.kind == OpKind::kF && op.key.module != Module::kText &&
+            place_of(op.key) == ActPlace::kRemote)
+          return true;
       return false;
     };
     for (int d = 0; d < p.dp; ++d) {
       std::vector<int32_t> from, to;
-      for (int s = 0; s < p.pp; ++s) (lends(s) ? from : to).push_back(shape.rank(d, s));
+      for (int s = 0; s < p.pp; ++s)
+        (lends(shape.rank(d, s)) ? from : to).push_back(shape.rank(d, s));
       auto peak = [&](int32_t r) { return predicted.peak[r]; };
       std::stable_sort(from.begin(), from.end(),
                        [&](int32_t x, int32_t y) { return peak(x) > peak(y); });

@@ -509,3 +509,46 @@ TEST_CASE(
   REQUIRE_MESSAGE(run.ok(), run.status().message());
   CHECK(run->passed());
 }
+
+TEST_CASE(
+    "remote offload of the encoder: under inline the first stage lends its encoder "
+    "activations to the stage with the lowest peak") {
+  const std::vector<std::string> common = {"cluster.hardware.host_link_bw=1e15",
+                                           "training.recompute=none"};
+  auto config = [&](const char* place) {
+    std::vector<std::string> sets = common;
+    sets.push_back(std::string("model.vision.offload=") + place);
+    return MultimodalConfig("inline", sets);
+  };
+  const Config c = config("remote"), plain = config("none");
+  const Table t = Plan(c);
+  REQUIRE(ValidatePlan(t).ok());
+  auto p = RunSimulation(Plan(plain), SimOptionsFor(plain));
+  auto r = RunSimulation(t, SimOptionsFor(c));
+  REQUIRE(p.ok());
+  REQUIRE(r.ok());
+  // Inline: only the first stage runs the encoder; the holder is the stage whose peak is
+  // the lowest (without offload), and only encoder forwards are lent.
+  int32_t lowest = 1;
+  for (int32_t s = 2; s < 4; ++s)
+    if (p->memory[s].peak_bytes < p->memory[lowest].peak_bytes) lowest = s;
+  int lent = 0;
+  for (OpId o : OfKind(t, 0, OpKind::kOffload)) {
+    CHECK(t.module(o) == Module::kVision);
+    CHECK(t.peer(o) == lowest);
+    ++lent;
+  }
+  CHECK(lent > 0);
+  for (int32_t s = 1; s < 4; ++s) CHECK(OfKind(t, s, OpKind::kOffload).empty());
+  // The holder holds them (act_held) within half the two peaks' difference; the first
+  // stage's peak is lower.
+  CHECK(r->memory[lowest].peak_by_cat[kActHeld] > 0);
+  CHECK(r->memory[lowest].peak_by_cat[kActHeld] <=
+        (p->memory[0].peak_bytes - p->memory[lowest].peak_bytes) / 2 * (1 + 1e-12));
+  CHECK(r->memory[0].peak_bytes < p->memory[0].peak_bytes);
+  // The CPU replay moves the encoder's saved tensors to the holder's store and back.
+  Timeline tl;
+  auto run = RunCpuLocal(t, RunOptions{}, true, &tl);
+  REQUIRE_MESSAGE(run.ok(), run.status().message());
+  CHECK(run->passed());
+}
