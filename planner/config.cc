@@ -897,12 +897,7 @@ void CheckConsistency(Config* c, Ctx* ctx) {
                          fmt::format("'training.grad_offload: host' (pipeline ZeRO-2) {}", why));
     };
     if (t.zero_stage != 2) return fail("needs 'training.zero_stage: 2'");
-    if (t.overlap_grad_reduce)
-      return fail("reduces each micro-batch's gradients already; drop overlap_grad_reduce");
     if (p.dp < 2) return fail("needs data parallelism (dp > 1)");
-    if (t.microbatches >= TrainingConfig::kMaxGradMicroBatches)
-      return fail(
-          fmt::format("takes fewer than {} micro-batches", TrainingConfig::kMaxGradMicroBatches));
   }
   if (t.zero_stage >= 2 && p.dp > 1) {  // a reduction per micro-batch (planner/plan.cc)
     if (t.overlap_grad_reduce)

@@ -169,8 +169,9 @@ struct TrainingConfig {
   int microbatches = 0;       // per DP replica; derived from global_batch_size if 0
   Recompute recompute = Recompute::kSelective;
   // training.recompute given as a list: one mode per pipeline rank (all its chunks), or one
-  // per virtual stage (pp * vp entries in stage order: the layers' order); empty when one
-  // mode applies everywhere. `stage`: the global stage of the rank's chunk in question.
+  // per virtual stage (pp * vp entries in stage order: the layers' order; the *_by_rank
+  // lists below hold either); empty when one mode applies everywhere. `stage`: the global stage of
+  // the rank's chunk in question.
   std::vector<Recompute> recompute_by_rank;
   Recompute RecomputeOf(int pp_rank, int stage) const {
     return Entry(recompute_by_rank, recompute, pp_rank, stage);

@@ -326,8 +326,8 @@ Status AddHostCopies(std::vector<RankSeq>* seqs, const HostCopyModel& model, Tab
       after[j] = static_cast<int>(std::upper_bound(end.begin(), end.end(), reload_start[j]) -
                                   end.begin()) -
                  1;
-    // Remote pairs (the LLM's; host pairs of the encoder or generator may share the rank):
-    // those that even memory.
+    // Remote pairs (host pairs of another module may share the rank): those that even
+    // memory.
     std::vector<uint8_t> chosen(pairs.size(), 1);
     std::vector<size_t> remote;
     std::vector<RemoteSpan> spans;
@@ -388,7 +388,8 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
     std::vector<std::pair<int64_t, TableBuilder::Handle>> last_backward;
     std::vector<TableBuilder::Handle> grad_collectives;
     TableBuilder::Handle opt_step = UINT32_MAX;  // the last OPT_STEP so far
-    std::vector<std::pair<int32_t, TableBuilder::Handle>> steps, muon_gathers;  // (chunk, op)
+    std::vector<std::pair<int32_t, TableBuilder::Handle>> steps, muon_gathers,
+        muon_back;  // (chunk, op)
     // Host copies: the last compute op, activations on their way out and back.
     TableBuilder::Handle last_compute = UINT32_MAX;
     // Pipeline ZeRO-2: the last per-micro-batch reduction, gradient copies per chunk.
@@ -461,6 +462,7 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
         if (k.piece == 1) {
           for (auto [step_chunk, step] : steps)
             if (step_chunk == k.chunk) b->AddDep(h, step);
+          muon_back.push_back({k.chunk, h});
         } else {
           for (TableBuilder::Handle g : grad_in) b->AddDep(h, g);
           for (TableBuilder::Handle c : grad_collectives) b->AddDep(h, c);
@@ -478,6 +480,8 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
         for (TableBuilder::Handle c : grad_in) b->AddDep(h, c);
       } else if (k.kind == OpKind::kAllGather && opt_step != UINT32_MAX) {
         b->AddDep(h, opt_step);
+        for (auto [chunk_back, back] : muon_back)  // the updated parameters are back
+          if (chunk_back == k.chunk && k.module == Module::kText) b->AddDep(h, back);
       } else if (k.kind == OpKind::kAllGather) {
         early_gather.push_back({k.module, k.module == Module::kText ? k.chunk : -1, h});
       } else if (k.kind == OpKind::kF) {

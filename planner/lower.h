@@ -68,11 +68,11 @@ struct GradSyncWorks {
   // c + 1's gather runs under chunk c's step.
   std::vector<std::vector<WorkId>> muon_gather, muon_step, muon_scatter;
   OpKind muon_kind = OpKind::kAllToAll;
-  // Pipeline ZeRO-2 with host gradients (per global stage; empty: off): after every
-  // micro-batch's B or W of a chunk, the chunk's gradients reduce-scattered over DP
-  // (mb_reduce) and the GPU's shard copied to its host partition (grad_out: an optimizer
-  // OFFLOAD); before the optimizer step each chunk's shard copied back (grad_in: RELOAD).
-  // No reduction at the end of the step.
+  // ZeRO-2 (per global stage; empty: ZeRO 0/1 or dp 1): after every micro-batch's B or W
+  // of a chunk, the chunk's gradients reduce-scattered over DP (mb_reduce), no reduction at
+  // the end of the step. With host gradients (grad_out, grad_in; else empty) the GPU's
+  // shard is then copied to its host partition (an optimizer OFFLOAD), and before the
+  // optimizer step each chunk's shard comes back (RELOAD).
   std::vector<WorkId> mb_reduce, grad_out, grad_in;
 };
 
@@ -85,9 +85,9 @@ inline uint32_t GradTag(int32_t chunk, int32_t mb) {
 inline constexpr int kMaxBuckets = 64;
 
 // Per rank and chunk: gradient reduction over the stage's DP group right after the
-// chunk's last backward (ALL_REDUCE, or REDUCE_SCATTER with ZeRO >= 1), or per bucket
-// after each bucket piece of it; then OPT_STEP (and Muon's exchanges and per-chunk steps);
-// then parameter ALL_GATHER per chunk with
+// chunk's last backward (ALL_REDUCE, or REDUCE_SCATTER with ZeRO >= 1), per bucket after
+// each bucket piece of it, or (ZeRO-2) after every micro-batch's backward; then OPT_STEP
+// (and Muon's exchanges and per-chunk steps); then parameter ALL_GATHER per chunk with
 // ZeRO >= 1 (or first in the step with gather_first). Returns nothing when dp == 1 except
 // the optimizer steps.
 // A modality's parameters (vision, generator) synchronised over `group`: the reduction
@@ -162,9 +162,10 @@ Status AddHostCopies(std::vector<RankSeq>* seqs, const HostCopyModel& model, Tab
 
 // Adds every op to the builder in sequence order and links dependencies by rule:
 // RECV -> its SEND (by tag); a gradient collective -> the last backward of its module and
-// chunk on the rank; OPT_STEP -> the rank's gradient collectives and Muon's gather of its
-// chunk; Muon's gather -> the gradient collectives; the updates sent back -> their chunk's
-// OPT_STEP; ALL_GATHER -> the last OPT_STEP;
+// chunk on the rank; OPT_STEP -> the gradient RELOADs and (the step over the shard) the
+// rank's gradient collectives or (a Muon chunk's step) its chunk's gather; Muon's gather ->
+// the gradient collectives; the updates sent back -> their chunk's OPT_STEP; ALL_GATHER ->
+// the last OPT_STEP and its chunk's Muon updates;
 // an ALL_GATHER before any compute of its chunk: that chunk's first text F -> it;
 // OFFLOAD -> the compute op before it (its forward); RELOAD -> its OFFLOAD and the compute
 // op before it; the first reader of the activations -> their RELOAD.

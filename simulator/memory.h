@@ -26,7 +26,7 @@ struct MemoryOptions {
   // ZeRO-2 on the GPU (dp > 1): the fp32 shard accumulates each micro-batch's reduced
   // gradients; the backward fills buckets of `grad_bucket_params` parameters (at most a
   // chunk) of `grad_bytes` each, two at a time (one filling, one being reduced).
-  double grad_bucket_params = 0;
+  double grad_bucket_params = 40e6;  // training.grad_bucket_size's default
   double grad_bytes = 4;
 };
 
@@ -66,7 +66,8 @@ struct RankMemory {
 // momentum for Muon's weights; sharded with ZeRO >= 1), each over the module's state_shard ranks,
 // and the reserve; `host` gets the bytes it keeps in host memory (gradient shards with
 // grads_on_host). `chunk_params`: the LLM parameters per GPU of the rank's largest chunk (the
-// host-gradient double buffer holds two of its gradients; <= 0: the rank's mean chunk over `vp`).
+// host-gradient double buffer holds two of its gradients, ZeRO-2's buckets at most one each;
+// <= 0: the rank's mean chunk over `vp`).
 std::array<double, kNumMemCats> StaticMemory(const RankInfo& ri, int vp, double chunk_params,
                                              const MemoryOptions& o, double* host);
 

@@ -403,6 +403,14 @@ TEST_CASE(
   const double params = t.ranks()[0].params[0];
   CHECK(r->memory[0].peak_by_cat[kGrads] == doctest::Approx(4 * params / 2 + 2 * 4 * 100000));
   CHECK(r1->memory[0].peak_by_cat[kGrads] == doctest::Approx(4 * params));
+  // With buckets larger than a chunk (the default 40M), a bucket is the largest chunk: rank
+  // 0's first chunk also holds the embedding (vocab 1000 x hidden 256), (params + 1000 x
+  // 256) / 2 parameters, read from the plan's per-micro-batch reductions.
+  const Config wide = config(2, {});
+  auto rw = RunSimulation(Plan(wide), SimOptionsFor(wide));
+  REQUIRE(rw.ok());
+  CHECK(rw->memory[0].peak_by_cat[kGrads] ==
+        doctest::Approx(4 * params / 2 + 2 * 4 * (params + 1000 * 256) / 2));
   // The tiny model: the shard sums each micro-batch's reduced gradients; at the optimizer
   // step they are the step's gradients.
   for (PipelineKind kind : {PipelineKind::k1F1B, PipelineKind::kInterleaved1F1B}) {
@@ -441,7 +449,7 @@ TEST_CASE("pipeline ZeRO-2 with host gradients: errors name the key") {
       std::string::npos);
   CHECK(error({"training.grad_offload=host", "training.zero_stage=2",
                "training.overlap_grad_reduce=true"})
-            .find("drop overlap_grad_reduce") != std::string::npos);
+            .find("overlap_grad_reduce applies to zero_stage 0 and 1") != std::string::npos);
 }
 
 TEST_CASE("memory: auto lends a stage's activations to another before it offloads to host") {

@@ -114,6 +114,14 @@ TEST_CASE("muon: p2p pipelined per model chunk, the next chunk's gather under th
   const double p1 = MuonOfStage(pc, pc.parallel.stages[2]).params_per_gpu;
   CHECK(t.work(a[0]).payload_bytes == 4 * p0 / 2);
   CHECK(t.work(a[2]).payload_bytes == 4 * p1 / 2);
+  // ZeRO-1's parameter all-gather of a chunk waits for that chunk's updates back.
+  for (OpId i : RankOps(t, 0, [&](OpId i) {
+         return t.kind(i) == OpKind::kAllGather && t.module(i) == Module::kText;
+       })) {
+    CAPTURE(t.str(i));
+    const OpId back = t.chunk(i) == 0 ? a[4] : a[6];
+    CHECK(std::find(t.deps(i).begin(), t.deps(i).end(), back) != t.deps(i).end());
+  }
   auto r = RunSimulation(t, SimOptionsFor(pc));
   auto n = RunSimulation(tn, SimOptionsFor(nc));
   REQUIRE(r.ok());
