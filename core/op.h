@@ -85,6 +85,11 @@ inline Stream StreamOf(OpKind k) {
 }
 
 // One op's identity: everything the string form carries. -1 means "not applicable".
+// A text gradient reduction of one micro-batch (ZeRO-2: one per micro-batch and chunk).
+inline bool IsMicroBatchReduction(Module module, int32_t mb, OpKind k) {
+  return module == Module::kText && mb >= 0 && IsCollective(k);
+}
+
 struct OpKey {
   int32_t rank = -1;
   OpKind kind = OpKind::kF;

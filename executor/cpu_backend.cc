@@ -134,10 +134,10 @@ bool AnyEmpty(const std::vector<Tensor>& v) {
 
 constexpr const char* kOnHost = "its saved activations are in host memory (no RELOAD ran)";
 
-// A reduction per micro-batch (pipeline ZeRO-2): it contributes what its chunk's gradients
+// A reduction per micro-batch (ZeRO-2): it contributes what its chunk's gradients
 // gained since the previous one.
 bool PerMicroBatch(const Table& t, OpId op) {
-  return t.module(op) == Module::kText && t.mb(op) >= 0 && IsCollective(t.kind(op));
+  return IsMicroBatchReduction(t.module(op), t.mb(op), t.kind(op));
 }
 
 }  // namespace

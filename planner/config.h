@@ -223,6 +223,7 @@ struct TrainingConfig {
   bool sequence_parallel = true;  // Megatron sequence parallelism with TP
   Precision precision = Precision::kBf16;
   GradDtype grad_reduce_dtype = GradDtype::kFp32;  // dtype of the DP gradient reduction
+  double GradBytes() const { return grad_reduce_dtype == GradDtype::kFp32 ? 4 : 2; }
   // training.optimizer: adam, or muon for the LLM layers' 2-D weights (the rest stays on
   // Adam); muon_gather: how each matrix's owner gets it whole for Newton-Schulz (p2p: only
   // the matrices it owns, and their updates back; all_gather: the whole buffer everywhere).

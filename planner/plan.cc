@@ -439,7 +439,7 @@ SimOptions SimOptionsFor(const Config& c, bool unit_costs) {
   o.memory.hbm_bytes = c.cluster.spec.hbm_bytes;
   o.memory.grads_on_host = c.training.grad_offload;
   o.memory.grad_bucket_params = c.training.grad_bucket_size;
-  o.memory.grad_bytes = c.training.grad_reduce_dtype == GradDtype::kFp32 ? 4 : 2;
+  o.memory.grad_bytes = c.training.GradBytes();
   return o;
 }
 
@@ -538,7 +538,7 @@ StatusOr<Table> PlanOnce(const Config& c) {
     for (const Step& st : o) split = split || st.kind == OpKind::kI || st.kind == OpKind::kW;
   TextWorkIds text_work;
   GradSyncWorks sync;
-  const double grad_bytes = c.training.grad_reduce_dtype == GradDtype::kFp32 ? 4 : 2;
+  const double grad_bytes = c.training.GradBytes();
   for (int g = 0; g < shape.stages(); ++g) {
     text_work.f.push_back(b.AddWork(tw.f[g]));
     text_work.b.push_back(b.AddWork(tw.b[g]));

@@ -82,7 +82,7 @@ std::vector<RankMemory> ComputeMemory(const Table& t, const Timeline& tl, const 
   // ZeRO-2 on the GPU: from the per-micro-batch reductions (grad_bytes per parameter).
   if (!o.grads_on_host && o.zero_stage >= 2)
     for (OpId i = 0; i < t.size(); ++i)
-      if (t.module(i) == Module::kText && t.mb(i) >= 0 && IsCollective(t.kind(i)))
+      if (IsMicroBatchReduction(t.module(i), t.mb(i), t.kind(i)))
         chunk_params[t.rank(i)] =
             std::max(chunk_params[t.rank(i)], t.work(i).payload_bytes / o.grad_bytes);
   for (int32_t r = 0; r < t.num_ranks(); ++r) {
