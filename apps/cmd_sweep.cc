@@ -2,7 +2,6 @@
 // N]
 #include <fmt/format.h>
 
-#include <chrono>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -41,21 +40,9 @@ Command MakeSweepCommand() {
     if (o->jobs < 0) return Report(InvalidInput(fmt::format("--jobs {}: expected >= 1", o->jobs)));
     // The base config must load: a broken file is an error, not a sweep of failed rows.
     if (auto base = LoadConfig(o->config, o->sets); !base.ok()) return Report(base.status());
-    const bool tty = StderrIsTerminal();
     int jobs =
         o->jobs > 0 ? o->jobs : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const auto start = std::chrono::steady_clock::now();
-    auto points = RunSweep(o->config, o->sets, axes, jobs, [tty, start](size_t done, size_t total) {
-      if (!tty) return;
-      const double elapsed =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const double left = done > 0 ? elapsed / done * (total - done) : 0;
-      int width = 30, filled = static_cast<int>(width * done / total);
-      fmt::print(stderr, "\r[{}{}] {}/{} points, {:.0f} s elapsed, about {:.0f} s left   ",
-                 std::string(filled, '#'), std::string(width - filled, '.'), done, total, elapsed,
-                 left);
-      if (done == total) fmt::print(stderr, "\n");
-    });
+    auto points = RunSweep(o->config, o->sets, axes, jobs, PointProgress());
     if (!o->output.empty())
       if (Status s = WriteFileAtomic(o->output, SweepCsv(axes, points)); !s.ok()) return Report(s);
     if (o->json) {

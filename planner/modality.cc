@@ -654,6 +654,23 @@ bool TimedPlacementFits(const Config& c) {
   return std::min(c.model.vision.cp_max_group, world) <= world / c.parallel.pp;
 }
 
+GeneratorFlops GeneratorForward(const Config& c, const MicroBatch& mb) {
+  const GeneratorConfig& g = c.model.generator;
+  const double D = g.hidden, M = g.mlp;
+  GeneratorFlops out;
+  for (const Sample& s : mb.samples) {
+    if (s.gen_height == 0) continue;
+    const double latent = std::ceil(double(s.gen_height) / g.latent_patch) *
+                          std::ceil(double(s.gen_width) / g.latent_patch);
+    // Joint attention over latent + condition tokens.
+    const double T = latent + static_cast<double>(s.text_tokens);
+    out.flops += g.layers * (2 * T * (4 * D * D + 2 * D * M + 6 * D * D) + 4 * T * T * D);
+    out.attn += g.layers * 4 * T * T * D;
+    out.tokens += T;
+  }
+  return out;
+}
+
 ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const VisionPool& pool,
                                bool recompute_outputs_only) {
   ModalityWork w;
@@ -697,17 +714,7 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
         GeneratorTask t;
         t.d = static_cast<int>(d), t.mb = static_cast<int>(m);
         const double D = g.hidden, M = g.mlp;
-        double flops = 0, attn = 0, tokens = 0;
-        for (const Sample& s : mb.samples) {
-          if (s.gen_height == 0) continue;
-          double latent = std::ceil(double(s.gen_height) / g.latent_patch) *
-                          std::ceil(double(s.gen_width) / g.latent_patch);
-          double T = latent +
-                     static_cast<double>(s.text_tokens);  // joint attention over latent + condition
-          flops += g.layers * (2 * T * (4 * D * D + 2 * D * M + 6 * D * D) + 4 * T * T * D);
-          attn += g.layers * 4 * T * T * D;
-          tokens += T;
-        }
+        const auto [flops, attn, tokens] = GeneratorForward(c, mb);
         if (tokens == 0) continue;
         t.f.flops = t.f.model_flops = flops;
         t.f.attn_flops = attn;

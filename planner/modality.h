@@ -130,6 +130,13 @@ struct VisionPool {
 // one stage's GPUs.
 bool TimedPlacementFits(const Config& c);
 
+// One micro-batch's generator forward over its generation targets: FLOPs (all GPUs), of
+// them the joint attention's, and tokens (latent + condition).
+struct GeneratorFlops {
+  double flops = 0, attn = 0, tokens = 0;
+};
+GeneratorFlops GeneratorForward(const Config& c, const MicroBatch& mb);
+
 // Tasks of every micro-batch (see AddVisionTasks in modality.cc for how images become
 // tasks and gangs). `recompute_outputs_only`: decoupled DEP (F keeps the output;
 // RECOMPUTE restores the rest before the backward).

@@ -115,22 +115,28 @@ std::vector<SweepPoint> RunSweep(const std::string& path, const std::vector<std:
   return points;
 }
 
-void MarkPareto(std::vector<SweepPoint>* points) {
-  auto feasible = [](const SweepPoint& p) { return p.ok && !p.metrics.oom; };
-  for (SweepPoint& p : *points) {
-    p.pareto = feasible(p);
-    if (!p.pareto) continue;
-    for (const SweepPoint& q : *points) {
-      if (&q == &p || !feasible(q)) continue;
-      // Throughput, not step time: points with different batch sizes compare fairly.
-      const double pt = p.metrics.tokens_per_s, pm = p.metrics.peak_memory_bytes;
-      const double qt = q.metrics.tokens_per_s, qm = q.metrics.peak_memory_bytes;
-      if (qt >= pt && qm <= pm && (qt > pt || qm < pm)) {
-        p.pareto = false;
-        break;
-      }
+std::vector<bool> ParetoFront(const std::vector<const Metrics*>& points) {
+  std::vector<bool> front(points.size(), true);
+  for (size_t i = 0; i < points.size(); ++i) {
+    // Throughput, not step time: points with different batch sizes compare fairly.
+    const double pt = points[i]->tokens_per_s, pm = points[i]->peak_memory_bytes;
+    for (size_t j = 0; j < points.size() && front[i]; ++j) {
+      const double qt = points[j]->tokens_per_s, qm = points[j]->peak_memory_bytes;
+      if (j != i && qt >= pt && qm <= pm && (qt > pt || qm < pm)) front[i] = false;
     }
   }
+  return front;
+}
+
+void MarkPareto(std::vector<SweepPoint>* points) {
+  std::vector<SweepPoint*> feasible;
+  std::vector<const Metrics*> metrics;
+  for (SweepPoint& p : *points) {
+    p.pareto = false;
+    if (p.ok && !p.metrics.oom) feasible.push_back(&p), metrics.push_back(&p.metrics);
+  }
+  const std::vector<bool> front = ParetoFront(metrics);
+  for (size_t i = 0; i < feasible.size(); ++i) feasible[i]->pareto = front[i];
 }
 
 std::string SweepCsv(const std::vector<VaryAxis>& axes, const std::vector<SweepPoint>& points) {

@@ -37,6 +37,10 @@ std::vector<SweepPoint> RunSweep(const std::string& config_path,
                                  const std::vector<VaryAxis>& axes, int jobs,
                                  const std::function<void(size_t, size_t)>& progress);
 
+// Whether each point is on the Pareto frontier of (tokens/s, peak memory): no other point
+// is at least as good in both and better in one.
+std::vector<bool> ParetoFront(const std::vector<const Metrics*>& points);
+
 // Marks points not dominated in (step time, peak memory) among ok, non-OOM points.
 void MarkPareto(std::vector<SweepPoint>* points);
 

@@ -99,6 +99,13 @@ Status YamlDoc::ApplySet(const std::string& assignment) {
   return Status::Ok();
 }
 
+YamlDoc YamlDoc::Clone() const {
+  YamlDoc copy;  // its root_ an empty handle: assigning binds it (a bound one writes through)
+  copy.name_ = name_, copy.lines_ = lines_, copy.set_origin_ = set_origin_;
+  copy.root_ = YAML::Clone(root_);
+  return copy;
+}
+
 void YamlDoc::Erase(const std::string& key_path) {
   // yaml-cpp's Node::operator= writes through the handle: walk with fresh handles.
   std::vector<YAML::Node> chain{root_};

@@ -20,6 +20,9 @@ class YamlDoc {
   // Applies "a.b.c=value": the value is parsed as YAML (so 4, true, [1,2], {k: v} work);
   // missing maps along the path are created. Unknown keys are caught by the typed reader.
   Status ApplySet(const std::string& assignment);
+  // A deep copy (YAML::Node copies share their tree): overrides of one leave the other as
+  // it is. The copy's nodes keep their values and the --set origins, not their positions.
+  YamlDoc Clone() const;
   // Removes the key "a.b.c" if the document has it.
   void Erase(const std::string& key_path);
 

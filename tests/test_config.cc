@@ -307,3 +307,17 @@ TEST_CASE("tied embeddings across stages: the embedding-gradient all-reduce of e
   CHECK(r.exit_code == 0);
   CHECK(r.out.find("PASS") != std::string::npos);
 }
+
+TEST_CASE("a cloned YAML document takes overrides without changing the original") {
+  auto doc = YamlDoc::FromString("c.yaml", "a: {b: 1, c: [1, 2]}\n");
+  REQUIRE(doc.ok());
+  YamlDoc copy = doc->Clone();
+  REQUIRE(copy.ApplySet("a.b=2").ok());
+  copy.Erase("a.c");
+  CHECK(doc->root()["a"]["b"].as<int>() == 1);
+  CHECK(doc->root()["a"]["c"].size() == 2);
+  CHECK(copy.root()["a"]["b"].as<int>() == 2);
+  CHECK(!copy.root()["a"]["c"].IsDefined());
+  CHECK(copy.FromSet("a.b"));
+  CHECK(!doc->FromSet("a.b"));
+}
