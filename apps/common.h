@@ -41,6 +41,10 @@ bool IsConfigPath(const std::string& path);
 
 bool StderrIsTerminal();
 
+// A progress bar on stderr ("[###...] done/total points, elapsed, about ... left"), drawn
+// only when stderr is a terminal; call it after each point.
+std::function<void(size_t, size_t)> PointProgress();
+
 // One entry of a command-line tool: a subcommand, or (with an empty name) the tool's only
 // command.
 struct CommandEntry {
@@ -58,6 +62,7 @@ Command MakeValidateCommand();
 Command MakeShowCommand();
 Command MakeSimulateCommand();
 Command MakeSweepCommand();
+Command MakeTuneCommand();
 Command MakeReportCommand();
 Command MakeExecuteCommand();  // in pipeplan-execute only
 inline constexpr const char* kExecuteHelp =

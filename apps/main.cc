@@ -47,6 +47,9 @@ int main(int argc, char** argv) {
       {"simulate", "Simulate a config or plan: step time, bubbles, memory, MFU, trace",
        MakeSimulateCommand()},
       {"sweep", "Plan and simulate a grid of config variations", MakeSweepCommand()},
+      {"tune",
+       "Search parallelism, micro-batch size, recompute, schedule and policy for the best step",
+       MakeTuneCommand()},
       {"report", "Write an HTML report of a simulated step or of a sweep's CSV",
        MakeReportCommand()},
       // Handled above; listed here for --help (pipeplan execute --help shows its options).

@@ -70,3 +70,15 @@ else
   grep -Eq "process [0-3]: no CUDA device|built without" <<<"$out" || { echo "FAIL: no clear error: $out"; exit 1; }
   echo "srun: --backend cuda without a GPU: every process stops with a clear error"
 fi
+
+# tune sharded over one srun step (2 tasks, each a shard writing its results file; the local
+# node has as many CPUs as this machine, 2 in CI), merged by the launching process: the same
+# top 3 as a single process.
+args=(tune "$src/configs/small_text.yaml" --only parallelism.cp=1 --only training.micro_batch_size=1,2 --top 3)
+single=$("$bin" "${args[@]}") || { echo "FAIL: tune: $single"; exit 1; }
+sharded=$(timeout 180 "$bin" "${args[@]}" --slurm 2 --results "$dir/tune.jsonl" 2>&1) || { echo "FAIL: tune --slurm: $sharded"; exit 1; }
+top() { sed -n '/^top /,/^best:/p' <<<"$1"; }
+[ -n "$(top "$single")" ] && [ "$(top "$single")" = "$(top "$sharded")" ] || { echo "FAIL: tune --slurm 2 differs: $sharded"; exit 1; }
+for i in 0 1; do [ -s "$dir/tune.jsonl.shard${i}of2" ] || { echo "FAIL: no results of shard $i"; exit 1; }; done
+grep -q "shard 1 of 2: " <<<"$sharded" || { echo "FAIL: shard 1 did not report: $sharded"; exit 1; }
+echo "tune: 2 shards over srun give the single-process top 3"

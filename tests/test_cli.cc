@@ -195,3 +195,30 @@ TEST_CASE("plan, validate, show, sweep and compare print JSON with --json") {
   CHECK(bj.at("valid") == false);
   CHECK(bj.at("error").get<std::string>().find("no layer range") != std::string::npos);
 }
+
+TEST_CASE("tune writes the best point as a config that plans, and JSON with every point") {
+  const std::string dir = TempDir();
+  const std::string cfg = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/small_text.yaml";
+  const std::string only =
+      " --only parallelism.cp=1 --only training.micro_batch_size=1 --only "
+      "training.recompute=selective,full --only parallelism.tp=2,4";
+  RunResult r = RunCli("tune " + cfg + only + " --top 2 -o " + dir + "/best.yaml");
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("top 2 (of the points that fit):") != std::string::npos);
+  CHECK(r.out.find("configured: ") != std::string::npos);
+  CHECK(r.out.find("wrote " + dir + "/best.yaml") != std::string::npos);
+  RunResult again = RunCli("simulate " + dir + "/best.yaml --json");
+  REQUIRE(again.exit_code == 0);
+  auto j = nlohmann::json::parse(RunCli("tune " + cfg + only + " --top 2 --json").out);
+  const size_t best = j.at("top")[0];
+  CHECK(j.at("points")[best].at("step_time_s").get<double>() ==
+        doctest::Approx(nlohmann::json::parse(again.out).at("step_time_s").get<double>()));
+  for (const auto& p : j.at("points")) {
+    if (p.at("state") != "simulated" || !p.at("fits").get<bool>()) continue;
+    CHECK(p.at("step_time_s").get<double>() >=
+          j.at("points")[best].at("step_time_s").get<double>());
+  }
+  RunResult bad = RunCli("tune " + cfg + " --objective speed");
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.out.find("--objective speed") != std::string::npos);
+}

@@ -1,0 +1,813 @@
+#include "planner/tune.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include "core/files.h"
+#include "planner/data.h"
+#include "planner/modality.h"
+#include "planner/plan.h"
+#include "planner/workload.h"
+#include "planner/yaml_doc.h"
+
+namespace pipeplan {
+namespace {
+
+// Keys a point sets, in this order (also the order of the output's columns).
+constexpr const char* kTp = "parallelism.tp";
+constexpr const char* kCp = "parallelism.cp";
+constexpr const char* kPp = "parallelism.pp";
+constexpr const char* kVp = "parallelism.vp";
+constexpr const char* kEp = "parallelism.ep";
+constexpr const char* kMbs = "training.micro_batch_size";
+constexpr const char* kRecompute = "training.recompute";
+constexpr const char* kPipeline = "schedule.pipeline";
+constexpr const char* kModality = "schedule.modality";
+
+// Keys of the config that a point's values replace or that follow from them (and their
+// aliases): erased before a point is applied, so that the file's own layout, micro-batch
+// count or data-parallel size cannot contradict the point.
+constexpr const char* kDerivedKeys[] = {
+    "parallelism.tensor_model_parallel_size",
+    "parallelism.pipeline_model_parallel_size",
+    "parallelism.virtual_pipeline_model_parallel_size",
+    "parallelism.context_parallel_size",
+    "parallelism.expert_model_parallel_size",
+    "parallelism.dp",
+    "parallelism.data_parallel_size",
+    "parallelism.pipeline_model_parallel_layout",
+    "parallelism.layout",
+    "parallelism.num_layers_in_first_pipeline_stage",
+    "parallelism.first_stage_layers",
+    "parallelism.num_layers_in_last_pipeline_stage",
+    "parallelism.last_stage_layers",
+    "parallelism.num_layers_per_virtual_pipeline_stage",
+    "parallelism.microbatch_group_size_per_vp_stage",
+    "training.microbatches",
+    "training.num_microbatches",
+    "training.gbs",
+    "training.mbs",
+    "schedule.csv",
+    "schedule.zb_max_pending",
+};
+// Other names of the axes' keys (config.cc's aliases), for --set.
+constexpr std::pair<const char*, const char*> kAxisAliases[] = {
+    {"parallelism.tensor_model_parallel_size", kTp},
+    {"parallelism.context_parallel_size", kCp},
+    {"parallelism.pipeline_model_parallel_size", kPp},
+    {"parallelism.virtual_pipeline_model_parallel_size", kVp},
+    {"parallelism.expert_model_parallel_size", kEp},
+    {"training.mbs", kMbs},
+};
+constexpr long kMaxAxisValue = 1 << 20;
+// Per-rank (or per-stage) lists only fit the pipeline they were written for.
+constexpr const char* kListKeys[] = {"training.saved_activations", "training.offload"};
+
+std::vector<int> Divisors(int n, int most) {
+  std::vector<int> d;
+  for (int k = 1; k <= std::min(n, most); ++k)
+    if (n % k == 0) d.push_back(k);
+  return d;
+}
+
+std::vector<std::string> Strings(const std::vector<int>& v) {
+  std::vector<std::string> s;
+  for (int x : v) s.push_back(std::to_string(x));
+  return s;
+}
+
+constexpr PipelineKind kSchedules[] = {
+    PipelineKind::kGpipe,     PipelineKind::k1F1B,         PipelineKind::kInterleaved1F1B,
+    PipelineKind::kZbH1,      PipelineKind::kZbH2,         PipelineKind::kZbv,
+    PipelineKind::kDualPipeV, PipelineKind::kInterleavedZb};
+
+// Schedules that take a given vp (config.cc's rules).
+bool ScheduleTakes(PipelineKind k, int pp, int vp) {
+  if (pp == 1) return k == PipelineKind::k1F1B;  // one stage: every schedule is the same
+  switch (k) {
+    case PipelineKind::kGpipe:
+    case PipelineKind::k1F1B:
+    case PipelineKind::kZbH1:
+    case PipelineKind::kZbH2:
+      return vp == 1;
+    case PipelineKind::kZbv:
+    case PipelineKind::kDualPipeV:
+      return vp == 2;
+    case PipelineKind::kInterleaved1F1B:
+    case PipelineKind::kInterleavedZb:
+      return vp >= 2;
+    case PipelineKind::kCsv:
+      return false;
+  }
+  return false;
+}
+
+// What every point starts from: the config file with the command line's --set overrides,
+// the derived keys erased, the global batch and GPU count fixed. A point's document is a
+// copy of it (parsing the file once: scanning YAML is most of the cost of a point's bounds)
+// with the point's values set.
+class Base {
+ public:
+  Status Init(const std::string& path, const std::vector<std::string>& sets, int global_batch,
+              int nodes) {
+    ASSIGN_OR_RETURN(YamlDoc doc, YamlDoc::FromFile(path));
+    for (const std::string& s : sets) RETURN_IF_ERROR(doc.ApplySet(s));
+    for (const char* k : kDerivedKeys) doc.Erase(k);
+    std::vector<std::string> lists;
+    if (const YAML::Node training = doc.root()["training"]; training.IsMap())
+      for (const auto& kv : training)
+        for (const char* k : kListKeys)
+          if (kv.second.IsSequence() && "training." + kv.first.as<std::string>() == k)
+            lists.push_back(k);
+    for (const std::string& k : lists) doc.Erase(k);
+    RETURN_IF_ERROR(doc.ApplySet(fmt::format("training.global_batch_size={}", global_batch)));
+    RETURN_IF_ERROR(doc.ApplySet(fmt::format("cluster.nodes={}", nodes)));
+    doc_ = std::move(doc);
+    return Status::Ok();
+  }
+
+  std::string Yaml() const { return doc_->Dump(); }
+
+  StatusOr<YamlDoc> With(const std::vector<std::string>& keys,
+                         const std::vector<std::string>& values) const {
+    std::optional<YamlDoc> doc;
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // yaml-cpp promises nothing on shared reads
+      doc = doc_->Clone();
+    }
+    for (size_t a = 0; a < keys.size(); ++a)
+      RETURN_IF_ERROR(doc->ApplySet(fmt::format("{}={}", keys[a], values[a])));
+    return std::move(*doc);
+  }
+
+ private:
+  std::optional<YamlDoc> doc_;
+  mutable std::mutex mu_;
+};
+
+std::string FirstLine(const std::string& s) {
+  return s.substr(0, s.find('\n'));
+}
+
+// FLOPs of the step's encoder and generator forwards and backwards, all GPUs: 3x the
+// forward (backward GEMMs twice the forward's), one forward more with full recompute. They
+// depend on the point only through the step's packing (dp, micro-batches, their size):
+// kept per packing, as drawing and packing a large step's samples is most of a bound's cost.
+class ModalityFlops {
+ public:
+  double Of(const Config& k) {
+    const bool vision = k.model.vision.enabled, generator = k.model.generator.enabled;
+    if (!vision && !generator) return 0;
+    const std::array<int, 3> key = {k.parallel.dp, k.training.microbatches,
+                                    k.training.micro_batch_size};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = known_.find(key); it != known_.end()) return it->second;
+    }
+    auto batch = MakeStepBatch(k);
+    if (!batch.ok()) return 0;
+    double v = 0, g = 0;
+    for (const auto& replica : batch->replicas)
+      for (const MicroBatch& mb : replica)
+        v += vision ? mb.vision_flops : 0, g += generator ? GeneratorForward(k, mb).flops : 0;
+    auto passes = [](Recompute r) { return r == Recompute::kFull ? 4 : 3; };
+    const double flops =
+        passes(k.model.vision.recompute) * v + passes(k.model.generator.recompute) * g;
+    std::lock_guard<std::mutex> lock(mu_);
+    return known_[key] = flops;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::array<int, 3>, double> known_;
+};
+
+// What the bounds of a group of points (one config, any schedule) are computed from: the
+// text workload per stage placement, and the encoder's and generator's FLOPs.
+struct ShapeWork {
+  ModalityFlops* modality;
+  std::optional<TextWorkload> by_placement[2];  // StagePlacement kLoop, kV
+  const TextWorkload& Text(const Config& k, StagePlacement placement) {
+    auto& tw = by_placement[placement == StagePlacement::kV];
+    if (!tw) tw = BuildTextWorkload(k, placement);
+    return *tw;
+  }
+};
+
+// The bounds of the header comment (tune.h). `kind`: the point's schedule (k may be the
+// config of another point of its group).
+void Bound(const Config& k, PipelineKind kind, ShapeWork* shape, TunePoint* p) {
+  const TextWorkload& tw = shape->Text(k, PlacementOf(kind));
+  const CostModel cost = CostModel::Real(k.cluster.spec);
+  const ParallelConfig& par = k.parallel;
+  const StagePlacement placement = PlacementOf(kind);
+  const bool pairs = kind == PipelineKind::kDualPipeV;  // F/B pairs hide their communication
+  auto seconds = [&](const Work& w) {
+    const auto parts =
+        cost.ComputeParts(w, par.tp * par.cp, par.tp, par.ep, k.cluster.gpus_per_node);
+    return pairs ? parts.kernels
+                 : cost.ComputeSeconds(w, par.tp * par.cp, par.tp, par.ep, k.cluster.gpus_per_node);
+  };
+  const TrainingConfig& t = k.training;
+  const double m = t.microbatches;
+  const SimOptions so = SimOptionsFor(k);
+  const bool split = SplitsBackward(kind);
+  // The input-gradient part of a backward: B, or (split) I; what must follow it down the
+  // pipeline.
+  auto input_grad = [&](int g) { return split ? seconds(tw.i[g]) : seconds(tw.b[g]); };
+  double head = 0, tail = 0;  // forwards / input gradients of global stages 0..s-1
+  double text_rank_s = 0;     // text work of the mean rank
+  p->time_bound_s = p->memory_bound_bytes = 0;
+  for (int s = 0; s < par.pp; ++s) {
+    double work = 0, before_last = 0, params = 0;
+    double first_act = std::numeric_limits<double>::infinity();
+    for (int ch = 0; ch < par.vp; ++ch) {
+      const int g = GlobalStage(placement, par.pp, ch, s);
+      double b = seconds(tw.b[g]);
+      if (split) b = std::min(b, seconds(tw.i[g]) + seconds(tw.w[g]));
+      work += seconds(tw.f[g]) + b;
+      before_last += seconds(tw.f[g]) + input_grad(g);
+      params += tw.params_per_gpu[g];
+      first_act = std::min(first_act, std::max(0.0, tw.f[g].mem_delta_bytes));
+    }
+    // Every text op of the rank starts after `head`; its last B (I) follows all its Fs and
+    // Bs (Is) and is followed by the B (I) chain of the stages below.
+    p->time_bound_s = std::max({p->time_bound_s, head + m * work, head + m * before_last + tail});
+    const int g0 = GlobalStage(placement, par.pp, 0, s);
+    head += seconds(tw.f[g0]), tail += input_grad(g0);
+    const double shard = par.dp;
+    const double grads = t.grad_offload ? 0 : 4 * params / (t.zero_stage >= 2 ? shard : 1);
+    const double optimizer = (t.muon ? 8 : 12) * params / (t.zero_stage >= 1 ? shard : 1);
+    p->memory_bound_bytes =
+        std::max(p->memory_bound_bytes,
+                 2 * params + grads + optimizer + so.memory.reserve_bytes + first_act);
+    text_rank_s += m * work / par.pp;
+  }
+  // The encoder's and generator's work adds to the ranks' busy time: the step is at least
+  // the mean busy time of a rank, its text work plus that work spread over all GPUs at the
+  // fastest rate any kernel reaches.
+  if (const double flops = shape->modality->Of(k); flops > 0) {
+    const GpuSpec& spec = k.cluster.spec;
+    const double peak = t.precision == Precision::kFp8 ? std::max(spec.fp8_flops, spec.bf16_flops)
+                                                       : spec.bf16_flops;
+    const double rate = peak * std::max(spec.compute_efficiency, spec.attention_efficiency);
+    p->time_bound_s = std::max(p->time_bound_s, text_rank_s + flops / rate / k.world());
+  }
+}
+
+// Whether a simulated point fits: not out of memory, and its peak within the capacity
+// (the HBM less the headroom).
+void Judge(double capacity, TunePoint* p) {
+  p->fits = p->state == TuneState::kSimulated && !p->metrics.oom &&
+            p->metrics.peak_memory_bytes <= capacity;
+  if (p->state == TuneState::kSimulated)
+    p->error = p->fits ? "" : p->metrics.oom ? "out of memory" : "within the headroom";
+}
+
+// A point's values as one string, in the keys' alphabetical order (a results file's JSON
+// objects hold them so): the key of the results files.
+std::string PointKey(const std::vector<std::string>& keys, const std::vector<std::string>& values) {
+  std::vector<std::pair<std::string, std::string>> kv;
+  for (size_t a = 0; a < keys.size(); ++a) kv.emplace_back(keys[a], values[a]);
+  std::sort(kv.begin(), kv.end());
+  std::string k;
+  for (const auto& [key, value] : kv) k += key + "=" + value + ";";
+  return k;
+}
+
+// What a results file was written for: the config every point starts from (after the
+// overrides, with the global batch and GPU count), as a 64-bit FNV-1a hash of its YAML.
+std::string SearchId(const Base& b) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : b.Yaml()) h = (h ^ ch) * 1099511628211ull;
+  return fmt::format("{:016x}", h);
+}
+
+constexpr const char* kResultsHeader = "pipeplan_tune_results";
+
+// Reads a results file into `out` (by PointKey); a missing file is no results. A last line
+// cut short (a run killed while writing it) is ignored; any other bad line is an error.
+Status ReadResults(const std::string& path, const std::string& search,
+                   std::unordered_map<std::string, TunePoint>* out) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return Status::Ok();
+  ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
+  size_t line_no = 0;
+  for (size_t b = 0; b < text.size();) {
+    const size_t nl = text.find('\n', b);
+    const bool last = nl == std::string::npos;
+    const std::string line = text.substr(b, last ? std::string::npos : nl - b);
+    b = last ? text.size() : nl + 1;
+    ++line_no;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      if (last) break;
+      return InvalidInput(fmt::format("{}:{}: not a line of tune results", path, line_no));
+    }
+    if (line_no == 1) {
+      if (!j.contains(kResultsHeader))
+        return InvalidInput(fmt::format("{}:1: not a tune results file", path));
+      if (j.value("search", "") != search)
+        return InvalidInput(fmt::format(
+            "{}:1: these results are of another search (another config, --set or --gpus): "
+            "search {}, this one {}",
+            path, j.value("search", ""), search));
+      continue;
+    }
+    try {
+      TunePoint p;
+      std::vector<std::string> keys, values;
+      for (const auto& [k, v] : j.at("point").items()) keys.push_back(k), values.push_back(v);
+      const std::string state = j.at("state");
+      p.state = state == "simulated" ? TuneState::kSimulated
+                : state == "invalid" ? TuneState::kInvalid
+                                     : TuneState::kFailed;
+      p.error = j.value("error", "");
+      if (p.state == TuneState::kSimulated) {
+        Metrics& m = p.metrics;
+        m.step_time_s = j.at("step_time_s"), m.tokens_per_s = j.at("tokens_per_s");
+        m.samples_per_s = j.at("samples_per_s"), m.mfu = j.at("mfu");
+        m.megatron_mfu = j.at("megatron_mfu");
+        m.model_flops_per_gpu = j.at("model_flops_per_gpu");
+        m.peak_memory_bytes = j.at("peak_memory_bytes"), m.hbm_bytes = j.at("hbm_bytes");
+        m.oom = j.at("oom");
+      }
+      (*out)[PointKey(keys, values)] = std::move(p);
+    } catch (const nlohmann::json::exception& e) {
+      return InvalidInput(fmt::format("{}:{}: {}", path, line_no, e.what()));
+    }
+  }
+  return Status::Ok();
+}
+
+// Appends points to a results file as they are simulated (one write and flush per line).
+class ResultsWriter {
+ public:
+  ~ResultsWriter() {
+    if (f_) std::fclose(f_);
+  }
+  bool open() const { return f_ != nullptr; }
+  Status Open(const std::string& path, const std::string& search) {
+    path_ = path;
+    std::error_code ec;
+    size_t kept = 0;  // whole lines: a last line cut short (ReadResults skipped it) goes
+    if (std::filesystem::exists(path, ec)) {
+      ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
+      const size_t nl = text.rfind('\n');
+      kept = nl == std::string::npos ? 0 : nl + 1;
+      if (kept != text.size()) std::filesystem::resize_file(path, kept, ec);
+      if (ec) return Internal(fmt::format("{}: cannot drop its last, partial line", path));
+    }
+    const bool fresh = kept == 0;
+    f_ = std::fopen(path.c_str(), "a");
+    if (!f_) return Internal(fmt::format("{}: cannot open for appending", path));
+    if (fresh) return Write(nlohmann::json{{kResultsHeader, 1}, {"search", search}});
+    return Status::Ok();
+  }
+  Status Append(const std::vector<std::string>& keys, const TunePoint& p) {
+    nlohmann::json point = nlohmann::json::object();
+    for (size_t a = 0; a < keys.size(); ++a) point[keys[a]] = p.values[a];
+    nlohmann::json j = {{"point", point}, {"state", TuneStateName(p.state)}};
+    if (!p.error.empty()) j["error"] = p.error;
+    if (p.state == TuneState::kSimulated) {
+      const Metrics& m = p.metrics;
+      j.update({{"step_time_s", m.step_time_s},
+                {"tokens_per_s", m.tokens_per_s},
+                {"samples_per_s", m.samples_per_s},
+                {"mfu", m.mfu},
+                {"megatron_mfu", m.megatron_mfu},
+                {"model_flops_per_gpu", m.model_flops_per_gpu},
+                {"peak_memory_bytes", m.peak_memory_bytes},
+                {"hbm_bytes", m.hbm_bytes},
+                {"oom", m.oom}});
+    }
+    return Write(j);
+  }
+
+ private:
+  Status Write(const nlohmann::json& j) {
+    const std::string line = j.dump() + "\n";
+    if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
+      return Internal(fmt::format("{}: write failed", path_));
+    return Status::Ok();
+  }
+  std::string path_;
+  std::FILE* f_ = nullptr;
+};
+
+void Simulate(const Config& k, double capacity, TunePoint* p) {
+  auto table = BuildPlan(k);
+  if (!table.ok()) {  // a schedule's own rules (micro-batches per stage) refuse it: invalid
+    const bool refused = table.status().code() == ErrorCode::kInvalidInput;
+    p->state = refused ? TuneState::kInvalid : TuneState::kFailed;
+    p->error = FirstLine(table.status().message());
+    return;
+  }
+  auto sim = RunSimulation(*table, SimOptionsFor(k));
+  if (!sim.ok()) {
+    p->state = TuneState::kFailed, p->error = FirstLine(sim.status().message());
+    return;
+  }
+  p->metrics = std::move(sim->metrics);
+  p->metrics.critical_path.clear();
+  p->metrics.ranks.clear();
+  p->state = TuneState::kSimulated;
+  Judge(capacity, p);
+}
+
+// Runs f(i) for every i of `items` on up to `jobs` threads.
+void ForEachParallel(const std::vector<size_t>& items, int jobs,
+                     const std::function<void(size_t)>& f) {
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i; (i = next++) < items.size();) f(items[i]);
+  };
+  std::vector<std::thread> threads;
+  for (int j = 1; j < std::min<int>(jobs, static_cast<int>(items.size())); ++j) {
+    try {
+      threads.emplace_back(worker);
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
+  worker();
+  for (auto& th : threads) th.join();
+}
+
+bool Better(const TunePoint& a, size_t ai, const TunePoint& b, size_t bi) {
+  return a.metrics.step_time_s != b.metrics.step_time_s
+             ? a.metrics.step_time_s < b.metrics.step_time_s
+             : ai < bi;
+}
+
+}  // namespace
+
+StatusOr<TuneObjective> ParseTuneObjective(const std::string& name) {
+  for (TuneObjective o :
+       {TuneObjective::kTokensPerS, TuneObjective::kStepTime, TuneObjective::kMfu})
+    if (name == TuneObjectiveName(o)) return o;
+  return InvalidInput(fmt::format("--objective {}: expected tokens_per_s, step_time or mfu", name));
+}
+
+std::string_view TuneObjectiveName(TuneObjective o) {
+  switch (o) {
+    case TuneObjective::kTokensPerS:
+      return "tokens_per_s";
+    case TuneObjective::kStepTime:
+      return "step_time";
+    case TuneObjective::kMfu:
+      return "mfu";
+  }
+  return "?";
+}
+
+std::string_view TuneStateName(TuneState s) {
+  switch (s) {
+    case TuneState::kInvalid:
+      return "invalid";
+    case TuneState::kPrunedMemory:
+      return "pruned (memory bound)";
+    case TuneState::kPrunedTime:
+      return "pruned (time bound)";
+    case TuneState::kOverBudget:
+      return "not reached (budget)";
+    case TuneState::kFailed:
+      return "failed";
+    case TuneState::kSimulated:
+      return "simulated";
+    case TuneState::kOtherShard:
+      return "another shard's";
+  }
+  return "?";
+}
+
+size_t TuneResult::count(TuneState s) const {
+  return std::count_if(points.begin(), points.end(),
+                       [s](const TunePoint& p) { return p.state == s; });
+}
+
+std::vector<VaryAxis> TuneSpace(const Config& c, int gpus) {
+  const LlmConfig& l = c.model.llm;
+  const int gpn = c.cluster.gpus_per_node;
+  std::vector<VaryAxis> axes;
+  std::vector<int> tp;
+  for (int d : Divisors(gpn, gpn))
+    if (l.heads % d == 0) tp.push_back(d);
+  axes.push_back({kTp, Strings(tp)});
+  std::vector<int> cp;
+  for (int d = 1; d <= 8; d *= 2)
+    if (c.training.seq_length % (2 * d) == 0 || d == 1) cp.push_back(d);
+  axes.push_back({kCp, Strings(cp)});
+  std::vector<int> pp;
+  for (int d : Divisors(l.layers, l.layers))
+    if (gpus % d == 0) pp.push_back(d);
+  axes.push_back({kPp, Strings(pp)});
+  axes.push_back({kVp, Strings(Divisors(l.layers, 8))});
+  if (l.moe.experts > 0) {
+    std::vector<int> ep;
+    for (int d : Divisors(l.moe.experts, l.moe.experts))
+      if (gpus % d == 0) ep.push_back(d);
+    axes.push_back({kEp, Strings(ep)});
+  }
+  axes.push_back({kMbs, Strings(Divisors(c.training.global_batch_size, 8))});
+  axes.push_back({kRecompute, {"none", "selective", "full"}});
+  std::vector<std::string> schedules;
+  for (PipelineKind k : kSchedules) schedules.emplace_back(PipelineName(k));
+  axes.push_back({kPipeline, schedules});
+  if (c.model.vision.enabled || c.model.generator.enabled) {
+    std::vector<std::string> policies;
+    for (ModalityPolicy p :
+         {ModalityPolicy::kInline, ModalityPolicy::kDecoupled, ModalityPolicy::kNested,
+          ModalityPolicy::kBubbleFill, ModalityPolicy::kOptimus})
+      policies.emplace_back(ModalityName(p));
+    axes.push_back({kModality, policies});
+  }
+  return axes;
+}
+
+StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::string>& sets,
+                             const TuneOptions& o) {
+  if (o.top_k < 1) return InvalidInput(fmt::format("--top {}: expected >= 1", o.top_k));
+  if (o.jobs < 1) return InvalidInput(fmt::format("--jobs {}: expected >= 1", o.jobs));
+  if (o.shards < 1 || o.shard < 0 || o.shard >= o.shards)
+    return InvalidInput(
+        fmt::format("--shard {}/{}: expected I/N with 0 <= I < N", o.shard, o.shards));
+  const auto start = std::chrono::steady_clock::now();  // --budget counts from here
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  ASSIGN_OR_RETURN(const Config base, LoadConfig(path, sets));
+  const int gpn = base.cluster.gpus_per_node;
+  const int gpus = o.gpus > 0 ? o.gpus : base.world();
+  if (gpus % gpn != 0)
+    return InvalidInput(
+        fmt::format("--gpus {}: not a multiple of cluster.gpus_per_node = {}", gpus, gpn));
+  Base b;
+  RETURN_IF_ERROR(b.Init(path, sets, base.training.global_batch_size, gpus / gpn));
+
+  std::vector<VaryAxis> axes = TuneSpace(base, gpus);
+  // --only replaces an axis's values; a --set of an axis (by its name or an alias) fixes it.
+  std::vector<VaryAxis> only = o.only;
+  for (const std::string& set : sets) {
+    const size_t eq = set.find('=');
+    std::string key = set.substr(0, eq);
+    for (const auto& [alias, name] : kAxisAliases)
+      if (key == alias) key = name;
+    if (eq != std::string::npos &&
+        std::any_of(axes.begin(), axes.end(), [&](const VaryAxis& a) { return a.key == key; }))
+      only.push_back({key, {set.substr(eq + 1)}});
+  }
+  for (const VaryAxis& restrict : only) {
+    auto it = std::find_if(axes.begin(), axes.end(),
+                           [&](const VaryAxis& a) { return a.key == restrict.key; });
+    if (it == axes.end()) {
+      std::string names;
+      for (const VaryAxis& a : axes) names += (names.empty() ? "" : ", ") + a.key;
+      return InvalidInput(
+          fmt::format("--only {}: not an axis of this search (axes: {})", restrict.key, names));
+    }
+    for (const std::string& v : restrict.values) {
+      const bool numeric = it->key.rfind("parallelism.", 0) == 0 || it->key == kMbs;
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (numeric ? (end == v.c_str() || *end != '\0' || n < 1 || n > kMaxAxisValue)
+                  : std::find(it->values.begin(), it->values.end(), v) == it->values.end()) {
+        std::string choices;
+        for (const std::string& c : it->values) choices += (choices.empty() ? "" : ", ") + c;
+        return InvalidInput(fmt::format("{}={}: expected {}", restrict.key, v,
+                                        numeric ? "a positive integer" : "one of " + choices));
+      }
+    }
+    it->values = restrict.values;
+  }
+  TuneResult r;
+  r.gpus = gpus, r.global_batch = base.training.global_batch_size,
+  r.headroom_bytes = o.headroom_bytes;
+  r.hbm_bytes = base.cluster.spec.hbm_bytes;
+  for (const VaryAxis& a : axes) r.keys.push_back(a.key);
+
+  // Candidates: the grid, less what arithmetic alone rules out (GPUs not divisible, layers
+  // not divisible into pp x vp chunks, a schedule that does not take the vp, a global batch
+  // not divisible by micro-batch x dp, experts over ep or ep over dp x cp); the config
+  // rules decide the rest.
+  auto at = [&](const std::vector<std::string>& v, const char* key) {
+    const size_t i = std::find(r.keys.begin(), r.keys.end(), key) - r.keys.begin();
+    return i < v.size() ? v[i] : std::string();
+  };
+  auto num = [&](const std::vector<std::string>& v, const char* key, int fallback) {
+    const std::string s = at(v, key);
+    return s.empty() ? fallback : std::atoi(s.c_str());
+  };
+  const LlmConfig& l = base.model.llm;
+  std::vector<size_t> digit(axes.size(), 0);  // the grid walked like an odometer
+  std::vector<std::string> values(axes.size());
+  for (bool more = !axes.empty(); more;) {
+    for (size_t a = 0; a < axes.size(); ++a) values[a] = axes[a].values[digit[a]];
+    for (size_t a = axes.size(); a-- > 0;) {  // the last axis fastest
+      if (++digit[a] < axes[a].values.size()) break;
+      digit[a] = 0;
+      if (a == 0) more = false;
+    }
+    const int tp = num(values, kTp, 1), cp = num(values, kCp, 1), pp = num(values, kPp, 1);
+    const int vp = num(values, kVp, 1), ep = num(values, kEp, 1);
+    const int mbs = num(values, kMbs, 1);
+    if (tp <= 0 || cp <= 0 || pp <= 0 || vp <= 0 || ep <= 0 || mbs <= 0) continue;
+    if (gpus % (static_cast<int64_t>(tp) * pp * cp) != 0) continue;
+    const int dp = gpus / (tp * pp * cp);
+    if (l.layers % (static_cast<int64_t>(pp) * vp) != 0 ||
+        r.global_batch % (static_cast<int64_t>(mbs) * dp) != 0)
+      continue;
+    if (l.moe.experts > 0 && (l.moe.experts % ep != 0 || (dp * cp) % ep != 0)) continue;
+    const std::string sched = at(values, kPipeline);
+    bool takes = true;
+    for (PipelineKind k : kSchedules)
+      if (sched == PipelineName(k)) takes = ScheduleTakes(k, pp, vp);
+    if (!takes) continue;
+    if (r.points.size() == kMaxTunePoints)
+      return InvalidInput(fmt::format(
+          "the search has more than {} candidates: fix some axes with --only", kMaxTunePoints));
+    TunePoint p;
+    p.values = values;
+    r.points.push_back(std::move(p));
+  }
+
+  // Each candidate's config and bounds.
+  const double bound_start = elapsed();
+  // Points that differ only in their schedule and modality policy (the last axes) share
+  // their config's text workload and data: one config per group is parsed here (the first
+  // of its points the config rules accept) and each point bounded with its own schedule;
+  // each point's own config is parsed when it is simulated.
+  auto parse = [&](TunePoint& p) -> std::optional<Config> {
+    auto doc = b.With(r.keys, p.values);
+    auto k = doc.ok() ? ParseConfig(std::move(*doc)) : StatusOr<Config>(doc.status());
+    if (k.ok()) return std::move(*k);
+    p.state = TuneState::kInvalid, p.error = FirstLine(k.status().message());
+    return std::nullopt;
+  };
+  const size_t shape_axes = std::find(r.keys.begin(), r.keys.end(), kPipeline) - r.keys.begin();
+  auto same_shape = [&](size_t x, size_t y) {
+    return std::equal(r.points[x].values.begin(), r.points[x].values.begin() + shape_axes,
+                      r.points[y].values.begin());
+  };
+  std::vector<size_t> groups;
+  for (size_t i = 0; i < r.points.size(); ++i)
+    if (i == 0 || !same_shape(i - 1, i)) groups.push_back(i);
+  std::vector<uint8_t> valid(r.points.size(), 1);
+  ModalityFlops modality;
+  const size_t schedule_axis = shape_axes;
+  std::vector<size_t> group_index(groups.size());
+  std::iota(group_index.begin(), group_index.end(), 0);
+  ForEachParallel(group_index, o.jobs, [&](size_t gi) {
+    const size_t first = groups[gi];
+    size_t end = first + 1;
+    while (end < r.points.size() && same_shape(first, end)) ++end;
+    if (static_cast<int>(gi % o.shards) != o.shard) {
+      for (size_t i = first; i < end; ++i) r.points[i].state = TuneState::kOtherShard, valid[i] = 0;
+      return;
+    }
+    std::optional<Config> k;
+    size_t i = first;
+    for (; i < end && !k; ++i)
+      if (!(k = parse(r.points[i]))) valid[i] = 0;
+    if (!k) return;
+    ShapeWork shape{&modality};
+    for (size_t j = i - 1; j < end; ++j) {
+      PipelineKind kind = k->schedule.pipeline;
+      for (PipelineKind s : kSchedules)
+        if (schedule_axis < r.keys.size() && r.points[j].values[schedule_axis] == PipelineName(s))
+          kind = s;
+      Bound(*k, kind, &shape, &r.points[j]);
+    }
+  });
+
+  r.bound_wall_s = elapsed() - bound_start;
+
+  // The configured point, for comparison (the config as written, on `gpus`).
+  const double capacity = r.hbm_bytes - o.headroom_bytes;
+  {
+    std::vector<std::string> on_gpus = sets;
+    on_gpus.push_back(fmt::format("cluster.nodes={}", gpus / gpn));
+    auto k = LoadConfig(path, on_gpus);
+    if (k.ok()) {
+      ShapeWork shape{&modality};
+      Bound(*k, k->schedule.pipeline, &shape, &r.configured);
+      Simulate(*k, capacity, &r.configured);
+    } else {
+      r.configured.error = FirstLine(k.status().message());
+    }
+  }
+
+  // Simulations in order of the time bound, `jobs` at a time.
+  std::vector<size_t> order;
+  for (size_t i = 0; i < r.points.size(); ++i)
+    if (valid[i]) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    return r.points[x].time_bound_s < r.points[y].time_bound_s;
+  });
+  const double simulate_start = elapsed();
+  std::vector<size_t> fits;  // simulated points that fit, best first
+  auto add = [&](size_t i) {
+    TunePoint& p = r.points[i];
+    if (p.fits)
+      fits.insert(std::upper_bound(
+                      fits.begin(), fits.end(), i,
+                      [&](size_t x, size_t y) { return Better(r.points[x], x, r.points[y], y); }),
+                  i);
+    if (p.state == TuneState::kSimulated) {
+      r.time_bound_misses += p.time_bound_s > p.metrics.step_time_s * (1 + 1e-9);
+      r.memory_bound_misses += p.memory_bound_bytes > p.metrics.peak_memory_bytes * (1 + 1e-9);
+    }
+  };
+  // Results of earlier runs (or of the shards) first: their points are not simulated again.
+  const std::string search = SearchId(b);
+  std::unordered_map<std::string, TunePoint> own, stored;  // results_path's, the others'
+  if (!o.results_path.empty()) RETURN_IF_ERROR(ReadResults(o.results_path, search, &own));
+  for (const std::string& in : o.resume_from) RETURN_IF_ERROR(ReadResults(in, search, &stored));
+  ResultsWriter writer;
+  if (!o.results_path.empty()) RETURN_IF_ERROR(writer.Open(o.results_path, search));
+  std::vector<uint8_t> done(r.points.size(), 0);
+  for (size_t i : order) {
+    const std::string key = PointKey(r.keys, r.points[i].values);
+    auto it = own.find(key);
+    const bool mine = it != own.end();
+    if (!mine && (it = stored.find(key)) == stored.end()) continue;
+    TunePoint& p = r.points[i];
+    p.state = it->second.state, p.error = it->second.error, p.metrics = it->second.metrics;
+    Judge(capacity, &p);
+    add(i), done[i] = 1;
+    r.resumed += p.state == TuneState::kSimulated;
+    // The results file gathers the other files' points (shards merged into it).
+    if (!mine && writer.open()) RETURN_IF_ERROR(writer.Append(r.keys, p));
+  }
+  size_t simulated = std::count(done.begin(), done.end(), 1);
+  for (size_t pos = 0; pos < order.size();) {
+    if (o.budget_s > 0 && elapsed() > o.budget_s) {
+      for (; pos < order.size(); ++pos)
+        if (!done[order[pos]]) r.points[order[pos]].state = TuneState::kOverBudget;
+      break;
+    }
+    const bool full = fits.size() >= static_cast<size_t>(o.top_k);
+    const double kth = full ? r.points[fits[o.top_k - 1]].metrics.step_time_s
+                            : std::numeric_limits<double>::infinity();
+    std::vector<size_t> wave;
+    for (; pos < order.size() && wave.size() < static_cast<size_t>(o.jobs); ++pos) {
+      TunePoint& p = r.points[order[pos]];
+      if (done[order[pos]]) continue;
+      if (o.prune && p.memory_bound_bytes > capacity) {
+        p.state = TuneState::kPrunedMemory;
+      } else if (o.prune && p.time_bound_s >= kth) {
+        // Sorted by bound: none of the rest can enter the top K either.
+        for (; pos < order.size(); ++pos) {
+          TunePoint& q = r.points[order[pos]];
+          if (done[order[pos]]) continue;
+          q.state =
+              q.memory_bound_bytes > capacity ? TuneState::kPrunedMemory : TuneState::kPrunedTime;
+        }
+      } else {
+        wave.push_back(order[pos]);
+      }
+    }
+    ForEachParallel(wave, o.jobs, [&](size_t i) {
+      if (auto k = parse(r.points[i])) Simulate(*k, capacity, &r.points[i]);
+    });
+    for (size_t i : wave) {
+      add(i), ++simulated;
+      if (writer.open()) RETURN_IF_ERROR(writer.Append(r.keys, r.points[i]));
+    }
+    if (o.progress && !wave.empty()) o.progress(simulated, simulated + (order.size() - pos));
+  }
+  r.simulate_wall_s = elapsed() - simulate_start;
+  r.top.assign(fits.begin(), fits.begin() + std::min(fits.size(), static_cast<size_t>(o.top_k)));
+
+  // Pareto frontier in (tokens/s, peak memory) among the points that fit.
+  std::vector<const Metrics*> metrics;
+  for (size_t i : fits) metrics.push_back(&r.points[i].metrics);
+  const std::vector<bool> front = ParetoFront(metrics);
+  for (size_t f = 0; f < fits.size(); ++f) r.points[fits[f]].pareto = front[f];
+  return r;
+}
+
+StatusOr<std::string> TunedConfigYaml(const std::string& path, const std::vector<std::string>& sets,
+                                      const TuneResult& r, const TunePoint& p) {
+  ASSIGN_OR_RETURN(const Config base, LoadConfig(path, sets));
+  Base b;
+  RETURN_IF_ERROR(b.Init(path, sets, r.global_batch, r.gpus / base.cluster.gpus_per_node));
+  ASSIGN_OR_RETURN(YamlDoc doc, b.With(r.keys, p.values));
+  return doc.Dump();
+}
+
+}  // namespace pipeplan

@@ -1,0 +1,258 @@
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/files.h"
+#include "helpers.h"
+#include "planner/plan.h"
+#include "planner/tune.h"
+
+using namespace pipeplan;
+using namespace pipeplan::test;
+
+namespace {
+
+// 8 GPUs, 8 layers: small enough to simulate every point of a restricted space.
+constexpr const char* kSmall = R"(cluster: {gpu: H100, nodes: 1, gpus_per_node: 8}
+model:
+  llm: {layers: 8, hidden: 1024, ffn: 4096, heads: 8, vocab: 32000}
+parallelism: {tp: 2, pp: 2}
+training: {seq_length: 2048, micro_batch_size: 1, microbatches: 8, recompute: full}
+)";
+
+std::string SmallConfig(const std::string& extra = "") {
+  const std::string path = TempDir() + "/tune.yaml";
+  REQUIRE(WriteFileAtomic(path, std::string(kSmall) + extra).ok());
+  return path;
+}
+
+TuneOptions Restricted(bool prune, int top) {
+  TuneOptions o;
+  o.prune = prune;
+  o.top_k = top;
+  o.jobs = 2;
+  o.only = {*ParseVary("parallelism.cp=1,2"), *ParseVary("training.micro_batch_size=1,2")};
+  return o;
+}
+
+std::string Key(const TunePoint& p) {
+  std::string k;
+  for (const std::string& v : p.values) k += v + " ";
+  return k;
+}
+
+}  // namespace
+
+TEST_CASE("tune: pruning keeps the exhaustive search's top K, and every bound holds") {
+  const std::string cfg = SmallConfig();
+  // HBM small enough that the memory bound prunes some points (tp 1 x pp 1 holds all).
+  const std::vector<std::string> sets = {"cluster.hardware.hbm_bytes=3e9"};
+  auto full = RunTune(cfg, sets, Restricted(false, 3));
+  REQUIRE(full.ok());
+  auto pruned = RunTune(cfg, sets, Restricted(true, 3));
+  REQUIRE(pruned.ok());
+  REQUIRE(full->points.size() == pruned->points.size());
+  REQUIRE(full->top.size() == 3);
+  // The same best points, in the same order.
+  REQUIRE(pruned->top.size() == full->top.size());
+  for (size_t n = 0; n < full->top.size(); ++n)
+    CHECK(Key(full->points[full->top[n]]) == Key(pruned->points[pruned->top[n]]));
+  CHECK(pruned->count(TuneState::kSimulated) < full->count(TuneState::kSimulated));
+  CHECK(pruned->count(TuneState::kPrunedMemory) > 0);
+  CHECK(pruned->count(TuneState::kPrunedTime) > 0);
+  // Every point pruned would not have entered the top K: the exhaustive run simulated it.
+  const double kth = full->points[full->top.back()].metrics.step_time_s;
+  size_t checked = 0;
+  for (size_t i = 0; i < full->points.size(); ++i) {
+    const TunePoint& p = pruned->points[i];
+    const TunePoint& q = full->points[i];
+    if (p.state != TuneState::kPrunedMemory && p.state != TuneState::kPrunedTime) continue;
+    if (q.state != TuneState::kSimulated) continue;  // the config rules refuse it anyway
+    ++checked;
+    CHECK((!q.fits || q.metrics.step_time_s >= kth));
+    if (p.state == TuneState::kPrunedMemory) CHECK(!q.fits);
+  }
+  CHECK(checked > 0);
+  // The bounds against every simulation of the exhaustive run, checked here rather than
+  // through the run's own counters.
+  size_t simulated = 0;
+  for (const TunePoint& q : full->points) {
+    if (q.state != TuneState::kSimulated) continue;
+    ++simulated;
+    CHECK(q.time_bound_s <= q.metrics.step_time_s * (1 + 1e-9));
+    CHECK(q.memory_bound_bytes <= q.metrics.peak_memory_bytes * (1 + 1e-9));
+    CHECK(q.time_bound_s > 0);
+  }
+  CHECK(simulated > 50);
+  CHECK(full->time_bound_misses == 0);
+  CHECK(full->memory_bound_misses == 0);
+}
+
+TEST_CASE("tune: the best point is the fastest of a sweep of the same space; its YAML replans") {
+  const std::string cfg = SmallConfig();
+  TuneOptions o = Restricted(true, 1);
+  o.only.push_back(*ParseVary("training.recompute=none,full"));
+  o.only.push_back(*ParseVary("parallelism.tp=1,2,4"));
+  auto r = RunTune(cfg, {}, o);
+  REQUIRE(r.ok());
+  REQUIRE(r->top.size() == 1);
+  const TunePoint& best = r->points[r->top[0]];
+  // Independently: every point of the space planned and simulated from its own YAML.
+  double fastest = 1e300;
+  for (const TunePoint& p : r->points) {
+    auto yaml = TunedConfigYaml(cfg, {}, *r, p);
+    REQUIRE(yaml.ok());
+    auto doc = YamlDoc::FromString("point", *yaml);
+    REQUIRE(doc.ok());
+    auto k = ParseConfig(std::move(*doc));
+    if (!k.ok()) continue;
+    auto t = BuildPlan(*k);
+    if (!t.ok()) continue;
+    auto sim = RunSimulation(*t, SimOptionsFor(*k));
+    REQUIRE(sim.ok());
+    if (!sim->metrics.oom) fastest = std::min(fastest, sim->metrics.step_time_s);
+    if (&p == &best) CHECK(sim->metrics.step_time_s == doctest::Approx(best.metrics.step_time_s));
+  }
+  CHECK(best.metrics.step_time_s == doctest::Approx(fastest));
+  // The configured point (tp 2, pp 2, 1F1B, full recompute) is in the space: the best is
+  // at least as fast.
+  REQUIRE(r->configured.state == TuneState::kSimulated);
+  CHECK(best.metrics.step_time_s <= r->configured.metrics.step_time_s);
+  // The global batch stays 8 x 1 x dp 2 = 16 samples at every point.
+  CHECK(r->global_batch == 16);
+}
+
+TEST_CASE("tune: 1F1B's time bound is the text step with the textbook bubble") {
+  // No communication to speak of (one GPU per stage, one replica): the bound of pp 4 x
+  // 1F1B is (m + pp - 1) x (F + B) of a stage, F and B read from the plan's durations.
+  const std::string cfg = SmallConfig();
+  TuneOptions o;
+  o.only = {*ParseVary("parallelism.tp=2"),
+            *ParseVary("parallelism.cp=1"),
+            *ParseVary("parallelism.pp=4"),
+            *ParseVary("parallelism.vp=1"),
+            *ParseVary("training.micro_batch_size=1"),
+            *ParseVary("training.recompute=full"),
+            *ParseVary("schedule.pipeline=1f1b")};
+  o.gpus = 8;
+  auto r = RunTune(cfg, {}, o);
+  REQUIRE(r.ok());
+  REQUIRE(r->points.size() == 1);
+  const TunePoint& p = r->points[0];
+  REQUIRE(p.state == TuneState::kSimulated);
+  auto yaml = TunedConfigYaml(cfg, {}, *r, p);
+  REQUIRE(yaml.ok());
+  auto doc = YamlDoc::FromString("point", *yaml);
+  REQUIRE(doc.ok());
+  auto k = ParseConfig(std::move(*doc));
+  REQUIRE(k.ok());
+  auto t = BuildPlan(*k);
+  REQUIRE(t.ok());
+  const std::vector<double> d = SimOptionsFor(*k).cost.Durations(*t);
+  double f = 0, b = 0;  // stage 1 (no embedding or loss): every stage is at least this long
+  for (OpId i = 0; i < t->size(); ++i)
+    if (t->rank(i) == 1 && t->kind(i) == OpKind::kF)
+      f = d[i];
+    else if (t->rank(i) == 1 && t->kind(i) == OpKind::kB)
+      b = d[i];
+  REQUIRE(f > 0);
+  REQUIRE(b > 0);
+  const int m = k->training.microbatches, pp = 4;
+  CHECK(p.time_bound_s >= (m + pp - 1) * (f + b) * (1 - 1e-9));
+  CHECK(p.time_bound_s <= p.metrics.step_time_s);
+}
+
+TEST_CASE("tune: bad options name what is wrong") {
+  const std::string cfg = SmallConfig();
+  TuneOptions o;
+  o.only = {*ParseVary("parallelism.dp=1,2")};
+  auto r = RunTune(cfg, {}, o);
+  REQUIRE(!r.ok());
+  CHECK(r.status().message().find("--only parallelism.dp: not an axis") != std::string::npos);
+  o.only = {*ParseVary("parallelism.tp=two")};
+  r = RunTune(cfg, {}, o);
+  REQUIRE(!r.ok());
+  CHECK(r.status().message() == "parallelism.tp=two: expected a positive integer");
+  o.only = {*ParseVary("training.recompute=some")};
+  r = RunTune(cfg, {}, o);
+  REQUIRE(!r.ok());
+  CHECK(r.status().message() == "training.recompute=some: expected one of none, selective, full");
+  // A --set of an axis (here by its Megatron name) fixes that axis instead of being
+  // overridden by every point.
+  o.only = {*ParseVary("parallelism.cp=1"), *ParseVary("training.micro_batch_size=1")};
+  r = RunTune(cfg, {"parallelism.tensor_model_parallel_size=4"}, o);
+  REQUIRE(r.ok());
+  for (const TunePoint& p : r->points) CHECK(p.values[0] == "4");
+  CHECK(!ParseTuneObjective("speed").ok());
+  CHECK(*ParseTuneObjective("mfu") == TuneObjective::kMfu);
+  o.only.clear();
+  o.gpus = 12;
+  r = RunTune(cfg, {}, o);
+  REQUIRE(!r.ok());
+  CHECK(r.status().message().find("--gpus 12") != std::string::npos);
+}
+
+TEST_CASE("tune: shards merged give the single run's top K; results files resume a run") {
+  const std::string cfg = SmallConfig();
+  const std::string dir = TempDir();
+  auto single = RunTune(cfg, {}, Restricted(true, 4));
+  REQUIRE(single.ok());
+  REQUIRE(single->top.size() == 4);
+  // Three shards, each with its own results file, then a run that reads them all.
+  std::vector<std::string> parts;
+  size_t shard_points = 0;
+  for (int i = 0; i < 3; ++i) {
+    TuneOptions o = Restricted(true, 4);
+    o.shard = i, o.shards = 3;
+    o.results_path = fmt::format("{}/part{}.jsonl", dir, i);
+    auto part = RunTune(cfg, {}, o);
+    REQUIRE(part.ok());
+    shard_points += part->points.size() - part->count(TuneState::kOtherShard);
+    parts.push_back(o.results_path);
+  }
+  CHECK(shard_points == single->points.size());  // every point in exactly one shard
+  TuneOptions merge = Restricted(true, 4);
+  merge.resume_from = parts;
+  merge.results_path = dir + "/merged.jsonl";
+  auto merged = RunTune(cfg, {}, merge);
+  REQUIRE(merged.ok());
+  REQUIRE(merged->top.size() == single->top.size());
+  for (size_t n = 0; n < single->top.size(); ++n) {
+    CHECK(Key(merged->points[merged->top[n]]) == Key(single->points[single->top[n]]));
+    CHECK(merged->points[merged->top[n]].metrics.step_time_s ==
+          single->points[single->top[n]].metrics.step_time_s);
+  }
+  CHECK(merged->resumed == merged->count(TuneState::kSimulated));  // nothing simulated again
+  // The merged file holds them all now: reading it alone simulates nothing either, even
+  // with its last line cut short (a run killed while writing).
+  std::string text = *ReadFile(dir + "/merged.jsonl");
+  REQUIRE(WriteFileAtomic(dir + "/cut.jsonl", text.substr(0, text.size() - 20)).ok());
+  TuneOptions again = Restricted(true, 4);
+  again.results_path = dir + "/cut.jsonl";
+  auto resumed = RunTune(cfg, {}, again);
+  REQUIRE(resumed.ok());
+  CHECK(resumed->resumed + 1 >= merged->resumed);  // at most the cut point is simulated again
+  CHECK(Key(resumed->points[resumed->top[0]]) == Key(single->points[single->top[0]]));
+  // The cut line was dropped before appending: the file reads whole again.
+  auto third = RunTune(cfg, {}, again);
+  REQUIRE(third.ok());
+  CHECK(third->resumed == third->count(TuneState::kSimulated));
+  // Results of another search are refused, naming the file.
+  auto other = RunTune(cfg, {"training.seq_length=1024"}, again);
+  REQUIRE(!other.ok());
+  CHECK(other.status().message().find("cut.jsonl:1: these results are of another search") !=
+        std::string::npos);
+  // A run out of budget, resumed without one, ends where the single run does.
+  TuneOptions first = Restricted(true, 4);
+  first.budget_s = 1e-9;
+  first.results_path = dir + "/budget.jsonl";
+  auto stopped = RunTune(cfg, {}, first);
+  REQUIRE(stopped.ok());
+  CHECK(stopped->count(TuneState::kOverBudget) > 0);
+  first.budget_s = 0;
+  auto finished = RunTune(cfg, {}, first);
+  REQUIRE(finished.ok());
+  for (size_t n = 0; n < single->top.size(); ++n)
+    CHECK(Key(finished->points[finished->top[n]]) == Key(single->points[single->top[n]]));
+}
