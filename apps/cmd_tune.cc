@@ -195,7 +195,8 @@ Command MakeTuneCommand() {
       for (int i = 0; i < o->slurm; ++i)
         t.resume_from.push_back(fmt::format("{}.shard{}of{}", o->results, i, o->slurm));
     }
-    t.progress = t.shards > 1 ? nullptr : PointProgress();
+    t.progress = t.shards > 1 ? nullptr : PointProgress("points simulated");
+    t.bound_progress = t.shards > 1 ? nullptr : PointProgress("groups of points bounded");
     auto r = RunTune(o->config, o->sets, t);
     if (!r.ok()) return Report(r.status());
     if (t.shards > 1) {

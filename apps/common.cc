@@ -49,17 +49,17 @@ bool StderrIsTerminal() {
   return isatty(STDERR_FILENO) == 1;
 }
 
-std::function<void(size_t, size_t)> PointProgress() {
+std::function<void(size_t, size_t)> PointProgress(const char* what) {
   if (!StderrIsTerminal()) return nullptr;
   const auto start = std::chrono::steady_clock::now();
-  return [start](size_t done, size_t total) {
+  return [start, what](size_t done, size_t total) {
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double left = done > 0 ? elapsed / done * (total - done) : 0;
     const int width = 30, filled = total > 0 ? static_cast<int>(width * done / total) : width;
-    fmt::print(stderr, "\r[{}{}] {}/{} points, {:.0f} s elapsed, about {:.0f} s left   ",
-               std::string(filled, '#'), std::string(width - filled, '.'), done, total, elapsed,
-               left);
+    fmt::print(stderr, "\r[{}{}] {}/{} {}, {:.0f} s elapsed, about {:.0f} s left   ",
+               std::string(filled, '#'), std::string(width - filled, '.'), done, total, what,
+               elapsed, left);
     if (done == total) fmt::print(stderr, "\n");
   };
 }

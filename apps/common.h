@@ -42,8 +42,8 @@ bool IsConfigPath(const std::string& path);
 bool StderrIsTerminal();
 
 // A progress bar on stderr ("[###...] done/total points, elapsed, about ... left"), drawn
-// only when stderr is a terminal; call it after each point.
-std::function<void(size_t, size_t)> PointProgress();
+// only when stderr is a terminal; call it after each point (`what`: what is counted).
+std::function<void(size_t, size_t)> PointProgress(const char* what = "points");
 
 // One entry of a command-line tool: a subcommand, or (with an empty name) the tool's only
 // command.

@@ -669,6 +669,8 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
   std::vector<uint8_t> valid(r.points.size(), 1);
   ModalityFlops modality;
   const size_t schedule_axis = shape_axes;
+  std::atomic<size_t> bounded{0};
+  std::mutex progress_mu;
   std::vector<size_t> group_index(groups.size());
   std::iota(group_index.begin(), group_index.end(), 0);
   ForEachParallel(group_index, o.jobs, [&](size_t gi) {
@@ -692,7 +694,12 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
           kind = s;
       Bound(*k, kind, &shape, &r.points[j]);
     }
+    if (o.bound_progress && ++bounded % 64 == 0) {
+      std::lock_guard<std::mutex> lock(progress_mu);
+      o.bound_progress(bounded, groups.size());
+    }
   });
+  if (o.bound_progress) o.bound_progress(groups.size(), groups.size());
 
   r.bound_wall_s = elapsed() - bound_start;
 
@@ -790,6 +797,7 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
     }
     if (o.progress && !wave.empty()) o.progress(simulated, simulated + (order.size() - pos));
   }
+  if (o.progress) o.progress(simulated, simulated);  // the rest pruned or out of budget
   r.simulate_wall_s = elapsed() - simulate_start;
   r.top.assign(fits.begin(), fits.begin() + std::min(fits.size(), static_cast<size_t>(o.top_k)));
 

@@ -81,8 +81,9 @@ struct TuneOptions {
   // holds the top K of the whole search (each shard prunes with its own K-th best, never
   // better than the whole search's).
   int shard = 0, shards = 1;
-  // After each simulated point: (simulated, left to simulate at most).
-  std::function<void(size_t, size_t)> progress;
+  // After each simulated point: (simulated, simulated + left to simulate at most); and
+  // while bounding, after each group of points: (groups bounded, groups).
+  std::function<void(size_t, size_t)> progress, bound_progress;
 };
 
 // Candidates a search may hold (about 1 KiB of memory each).
