@@ -54,6 +54,14 @@ nlohmann::json PointJson(const TuneResult& r, const TunePoint& p) {
   return j;
 }
 
+// A column's name: the key without its section, two long ones shortened.
+std::string ColumnName(const std::string& key) {
+  std::string name = key.substr(key.find('.') + 1);
+  if (name == "micro_batch_size") return "mbs";
+  if (name == "num_layers_in_last_pipeline_stage") return "last";  // 0: even stages
+  return name;
+}
+
 // "I/N", or "slurm" (this task's SLURM_PROCID of SLURM_NTASKS).
 Status ParseShard(const std::string& spec, int* shard, int* shards) {
   std::string text = spec;
@@ -268,13 +276,15 @@ Command MakeTuneCommand() {
     std::vector<size_t> width;
     std::string head = fmt::format("{:>3} ", "#");
     for (size_t a = 0; a < r->keys.size(); ++a) {
-      const std::string name = r->keys[a].substr(r->keys[a].find('.') + 1);
+      const std::string name = ColumnName(r->keys[a]);
       width.push_back(name.size());
       for (size_t i : r->top) width[a] = std::max(width[a], r->points[i].values[a].size());
       head += fmt::format("{:>{}} ", name, width[a]);
     }
-    fmt::print("top {} (of the points that fit):\n{}{:>10} {:>12} {:>6} {:>9} {:>9}  {}\n",
-               r->top.size(), head, "step s", "tokens/s", "MFU %", "peak GiB", "bound s", "Pareto");
+    fmt::print(
+        "top {} (of the points that fit; last: layers of the last stage, 0 = even):\n{}{:>10} "
+        "{:>12} {:>6} {:>9} {:>9}  {}\n",
+        r->top.size(), head, "step s", "tokens/s", "MFU %", "peak GiB", "bound s", "Pareto");
     for (size_t n = 0; n < r->top.size(); ++n) {
       const TunePoint& p = r->points[r->top[n]];
       std::string row = fmt::format("{:>3} ", n + 1);

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -33,6 +34,9 @@ constexpr const char* kCp = "parallelism.cp";
 constexpr const char* kPp = "parallelism.pp";
 constexpr const char* kVp = "parallelism.vp";
 constexpr const char* kEp = "parallelism.ep";
+constexpr const char* kLast = "parallelism.num_layers_in_last_pipeline_stage";  // 0: even
+// Uneven stages: the last stage holds this many layers fewer than each other stage.
+constexpr int kLighterLast[] = {1, 2};
 constexpr const char* kMbs = "training.micro_batch_size";
 constexpr const char* kRecompute = "training.recompute";
 constexpr const char* kPipeline = "schedule.pipeline";
@@ -72,6 +76,7 @@ constexpr std::pair<const char*, const char*> kAxisAliases[] = {
     {"parallelism.virtual_pipeline_model_parallel_size", kVp},
     {"parallelism.expert_model_parallel_size", kEp},
     {"training.mbs", kMbs},
+    {"parallelism.last_stage_layers", kLast},
 };
 constexpr long kMaxAxisValue = 1 << 20;
 // Per-rank (or per-stage) lists only fit the pipeline they were written for.
@@ -150,7 +155,8 @@ class Base {
       doc = doc_->Clone();
     }
     for (size_t a = 0; a < keys.size(); ++a)
-      RETURN_IF_ERROR(doc->ApplySet(fmt::format("{}={}", keys[a], values[a])));
+      if (keys[a] != kLast || values[a] != "0")  // 0: even stages, the key left out
+        RETURN_IF_ERROR(doc->ApplySet(fmt::format("{}={}", keys[a], values[a])));
     return std::move(*doc);
   }
 
@@ -512,11 +518,21 @@ std::vector<VaryAxis> TuneSpace(const Config& c, int gpus) {
   for (int d = 1; d <= 8; d *= 2)
     if (c.training.seq_length % (2 * d) == 0 || d == 1) cp.push_back(d);
   axes.push_back({kCp, Strings(cp)});
+  // pp: even stages (a divisor of the layers), or stages of `others` layers and a last one
+  // of LighterLast(pp) fewer, to make room for the output layer and loss.
   std::vector<int> pp;
-  for (int d : Divisors(l.layers, l.layers))
-    if (gpus % d == 0) pp.push_back(d);
+  std::set<int> last = {0};
+  for (int d = 1; d <= std::min(l.layers, gpus); ++d) {
+    if (gpus % d != 0) continue;
+    bool takes = l.layers % d == 0;
+    for (int fewer : kLighterLast)
+      if (d >= 2 && (l.layers + fewer) % d == 0 && (l.layers + fewer) / d > fewer)
+        takes = true, last.insert((l.layers + fewer) / d - fewer);
+    if (takes) pp.push_back(d);
+  }
   axes.push_back({kPp, Strings(pp)});
   axes.push_back({kVp, Strings(Divisors(l.layers, 8))});
+  axes.push_back({kLast, Strings(std::vector<int>(last.begin(), last.end()))});
   if (l.moe.experts > 0) {
     std::vector<int> ep;
     for (int d : Divisors(l.moe.experts, l.moe.experts))
@@ -584,12 +600,14 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
       const bool numeric = it->key.rfind("parallelism.", 0) == 0 || it->key == kMbs;
       char* end = nullptr;
       const long n = std::strtol(v.c_str(), &end, 10);
-      if (numeric ? (end == v.c_str() || *end != '\0' || n < 1 || n > kMaxAxisValue)
+      const long least = it->key == kLast ? 0 : 1;
+      if (numeric ? (end == v.c_str() || *end != '\0' || n < least || n > kMaxAxisValue)
                   : std::find(it->values.begin(), it->values.end(), v) == it->values.end()) {
         std::string choices;
         for (const std::string& c : it->values) choices += (choices.empty() ? "" : ", ") + c;
-        return InvalidInput(fmt::format("{}={}: expected {}", restrict.key, v,
-                                        numeric ? "a positive integer" : "one of " + choices));
+        return InvalidInput(fmt::format(
+            "{}={}: expected {}", restrict.key, v,
+            numeric ? (least ? "a positive integer" : "an integer >= 0") : "one of " + choices));
       }
     }
     it->values = restrict.values;
@@ -624,13 +642,19 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
     }
     const int tp = num(values, kTp, 1), cp = num(values, kCp, 1), pp = num(values, kPp, 1);
     const int vp = num(values, kVp, 1), ep = num(values, kEp, 1);
-    const int mbs = num(values, kMbs, 1);
-    if (tp <= 0 || cp <= 0 || pp <= 0 || vp <= 0 || ep <= 0 || mbs <= 0) continue;
+    const int mbs = num(values, kMbs, 1), last = num(values, kLast, 0);
+    if (tp <= 0 || cp <= 0 || pp <= 0 || vp <= 0 || ep <= 0 || mbs <= 0 || last < 0) continue;
     if (gpus % (static_cast<int64_t>(tp) * pp * cp) != 0) continue;
     const int dp = gpus / (tp * pp * cp);
-    if (l.layers % (static_cast<int64_t>(pp) * vp) != 0 ||
-        r.global_batch % (static_cast<int64_t>(mbs) * dp) != 0)
-      continue;
+    if (r.global_batch % (static_cast<int64_t>(mbs) * dp) != 0) continue;
+    if (last == 0 && l.layers % (static_cast<int64_t>(pp) * vp) != 0) continue;
+    if (last > 0) {  // only with one chunk per rank, and kLighterLast fewer than the others
+      if (vp != 1 || pp < 2 || last >= l.layers || (l.layers - last) % (pp - 1) != 0) continue;
+      const int fewer = (l.layers - last) / (pp - 1) - last;
+      if (std::find(std::begin(kLighterLast), std::end(kLighterLast), fewer) ==
+          std::end(kLighterLast))
+        continue;
+    }
     if (l.moe.experts > 0 && (l.moe.experts % ep != 0 || (dp * cp) % ep != 0)) continue;
     const std::string sched = at(values, kPipeline);
     bool takes = true;

@@ -85,6 +85,19 @@ TEST_CASE("tune: pruning keeps the exhaustive search's top K, and every bound ho
     CHECK(q.time_bound_s > 0);
   }
   CHECK(simulated > 50);
+  // Uneven stages are in the space (pp 2: 5 + 3 layers) and planned as such.
+  const size_t last_axis = std::find(full->keys.begin(), full->keys.end(),
+                                     "parallelism.num_layers_in_last_pipeline_stage") -
+                           full->keys.begin();
+  REQUIRE(last_axis < full->keys.size());
+  size_t uneven = 0;
+  for (const TunePoint& q : full->points)
+    if (q.state == TuneState::kSimulated && q.values[last_axis] != "0") {
+      ++uneven;
+      CHECK(q.values[last_axis] == "3");
+      CHECK(q.values[2] == "2");  // pp
+    }
+  CHECK(uneven > 0);
   CHECK(full->time_bound_misses == 0);
   CHECK(full->memory_bound_misses == 0);
 }
