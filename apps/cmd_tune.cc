@@ -35,25 +35,6 @@ std::string ObjectiveText(TuneObjective o, const Metrics& m) {
   return "";
 }
 
-nlohmann::json PointJson(const TuneResult& r, const TunePoint& p) {
-  nlohmann::json values = nlohmann::json::object();
-  for (size_t a = 0; a < p.values.size(); ++a) values[r.keys[a]] = p.values[a];
-  nlohmann::json j = {{"values", values},
-                      {"state", TuneStateName(p.state)},
-                      {"time_bound_s", p.time_bound_s},
-                      {"memory_bound_bytes", p.memory_bound_bytes}};
-  if (!p.error.empty()) j["error"] = p.error;
-  if (p.state == TuneState::kSimulated)
-    j.update({{"step_time_s", p.metrics.step_time_s},
-              {"tokens_per_s", p.metrics.tokens_per_s},
-              {"mfu", p.metrics.mfu},
-              {"peak_memory_bytes", p.metrics.peak_memory_bytes},
-              {"oom", p.metrics.oom},
-              {"fits", p.fits},
-              {"pareto", p.pareto}});
-  return j;
-}
-
 // A column's name: the key without its section, two long ones shortened.
 std::string ColumnName(const std::string& key) {
   std::string name = key.substr(key.find('.') + 1);
@@ -226,7 +207,7 @@ Command MakeTuneCommand() {
     }
     if (o->json) {
       nlohmann::json points = nlohmann::json::array();
-      for (const TunePoint& p : r->points) points.push_back(PointJson(*r, p));
+      for (const TunePoint& p : r->points) points.push_back(TunePointJson(r->keys, p));
       nlohmann::json top = nlohmann::json::array();
       for (size_t i : r->top) top.push_back(i);
       nlohmann::json out = {{"gpus", r->gpus},
@@ -234,7 +215,7 @@ Command MakeTuneCommand() {
                             {"objective", TuneObjectiveName(t.objective)},
                             {"keys", r->keys},
                             {"top", top},
-                            {"configured", PointJson(*r, r->configured)},
+                            {"configured", TunePointJson(r->keys, r->configured)},
                             {"time_bound_misses", r->time_bound_misses},
                             {"memory_bound_misses", r->memory_bound_misses},
                             {"points", points}};

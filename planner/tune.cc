@@ -337,7 +337,7 @@ Status ReadResults(const std::string& path, const std::string& search,
     try {
       TunePoint p;
       std::vector<std::string> keys, values;
-      for (const auto& [k, v] : j.at("point").items()) keys.push_back(k), values.push_back(v);
+      for (const auto& [k, v] : j.at("values").items()) keys.push_back(k), values.push_back(v);
       const std::string state = j.at("state");
       p.state = state == "simulated" ? TuneState::kSimulated
                 : state == "invalid" ? TuneState::kInvalid
@@ -385,23 +385,7 @@ class ResultsWriter {
     return Status::Ok();
   }
   Status Append(const std::vector<std::string>& keys, const TunePoint& p) {
-    nlohmann::json point = nlohmann::json::object();
-    for (size_t a = 0; a < keys.size(); ++a) point[keys[a]] = p.values[a];
-    nlohmann::json j = {{"point", point}, {"state", TuneStateName(p.state)}};
-    if (!p.error.empty()) j["error"] = p.error;
-    if (p.state == TuneState::kSimulated) {
-      const Metrics& m = p.metrics;
-      j.update({{"step_time_s", m.step_time_s},
-                {"tokens_per_s", m.tokens_per_s},
-                {"samples_per_s", m.samples_per_s},
-                {"mfu", m.mfu},
-                {"megatron_mfu", m.megatron_mfu},
-                {"model_flops_per_gpu", m.model_flops_per_gpu},
-                {"peak_memory_bytes", m.peak_memory_bytes},
-                {"hbm_bytes", m.hbm_bytes},
-                {"oom", m.oom}});
-    }
-    return Write(j);
+    return Write(TunePointJson(keys, p));
   }
 
  private:
@@ -499,6 +483,31 @@ std::string_view TuneStateName(TuneState s) {
       return "another shard's";
   }
   return "?";
+}
+
+nlohmann::json TunePointJson(const std::vector<std::string>& keys, const TunePoint& p) {
+  nlohmann::json values = nlohmann::json::object();
+  for (size_t a = 0; a < p.values.size(); ++a) values[keys[a]] = p.values[a];
+  nlohmann::json j = {{"values", values},
+                      {"state", TuneStateName(p.state)},
+                      {"time_bound_s", p.time_bound_s},
+                      {"memory_bound_bytes", p.memory_bound_bytes}};
+  if (!p.error.empty()) j["error"] = p.error;
+  if (p.state == TuneState::kSimulated) {
+    const Metrics& m = p.metrics;
+    j.update({{"step_time_s", m.step_time_s},
+              {"tokens_per_s", m.tokens_per_s},
+              {"samples_per_s", m.samples_per_s},
+              {"mfu", m.mfu},
+              {"megatron_mfu", m.megatron_mfu},
+              {"model_flops_per_gpu", m.model_flops_per_gpu},
+              {"peak_memory_bytes", m.peak_memory_bytes},
+              {"hbm_bytes", m.hbm_bytes},
+              {"oom", m.oom},
+              {"fits", p.fits},
+              {"pareto", p.pareto}});
+  }
+  return j;
 }
 
 size_t TuneResult::count(TuneState s) const {

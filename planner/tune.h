@@ -23,6 +23,7 @@
 #pragma once
 
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,10 @@ struct TuneResult {
 // The candidate values of each axis for a config (tp, cp, pp, vp, ep, micro-batch size,
 // recompute, pipeline schedule, modality policy), before the config rules filter them.
 std::vector<VaryAxis> TuneSpace(const Config& c, int gpus);
+
+// A point as JSON (--json, and a line of a results file): its values by key, state, error,
+// bounds and, simulated, its metrics, whether it fits and is on the Pareto frontier.
+nlohmann::json TunePointJson(const std::vector<std::string>& keys, const TunePoint& p);
 
 StatusOr<TuneResult> RunTune(const std::string& config_path, const std::vector<std::string>& sets,
                              const TuneOptions& o);
