@@ -167,8 +167,13 @@ Command MakeTuneCommand() {
     }
     if (!o->shard.empty()) {
       if (Status s = ParseShard(o->shard, &t.shard, &t.shards); !s.ok()) return Report(s);
-      if (!o->output.empty() || o->slurm > 0)
-        return Report(InvalidInput("--shard: a shard's results are merged, not written as -o"));
+      if (!o->output.empty() || o->slurm > 0 || o->json)
+        return Report(InvalidInput(
+            "--shard: a shard's results are merged (--resume or --slurm), not printed with "
+            "--json or written with -o or run with --slurm"));
+      if (o->results.empty())
+        return Report(
+            InvalidInput("--shard needs --results FILE: the shard writes FILE.shardIofN"));
     }
     if (o->slurm < 0) return Report(InvalidInput("--slurm N: expected N >= 1"));
     t.results_path = o->results;

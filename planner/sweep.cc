@@ -85,32 +85,35 @@ std::vector<SweepPoint> ExpandGrid(const std::vector<VaryAxis>& axes) {
   return points;
 }
 
-std::vector<SweepPoint> RunSweep(const std::string& path, const std::vector<std::string>& sets,
-                                 const std::vector<VaryAxis>& axes, int jobs,
-                                 const std::function<void(size_t, size_t)>& progress) {
-  std::vector<SweepPoint> points = ExpandGrid(axes);
+void ForEachParallel(size_t n, int jobs, const std::function<void(size_t)>& f) {
   std::atomic<size_t> next{0};
-  size_t done = 0;
-  std::mutex mu;
   auto worker = [&] {
-    for (size_t i; (i = next++) < points.size();) {
-      RunPoint(path, sets, axes, &points[i]);
-      std::lock_guard<std::mutex> lock(mu);
-      if (progress) progress(++done, points.size());
-    }
+    for (size_t i; (i = next++) < n;) f(i);
   };
-  // Threads: at most one per point; a thread the machine refuses is simply not used.
-  const int want = static_cast<int>(std::min<size_t>(std::max(1, jobs), points.size()));
+  // At most one thread per item; a thread the machine refuses is simply not used.
   std::vector<std::thread> threads;
-  for (int j = 0; j < want; ++j) {
+  for (size_t j = 1; j < std::min<size_t>(std::max(1, jobs), n); ++j) {
     try {
       threads.emplace_back(worker);
     } catch (const std::system_error&) {
       break;
     }
   }
-  if (threads.empty()) worker();  // not even one: run the points here
+  worker();
   for (auto& th : threads) th.join();
+}
+
+std::vector<SweepPoint> RunSweep(const std::string& path, const std::vector<std::string>& sets,
+                                 const std::vector<VaryAxis>& axes, int jobs,
+                                 const std::function<void(size_t, size_t)>& progress) {
+  std::vector<SweepPoint> points = ExpandGrid(axes);
+  size_t done = 0;
+  std::mutex mu;
+  ForEachParallel(points.size(), jobs, [&](size_t i) {
+    RunPoint(path, sets, axes, &points[i]);
+    std::lock_guard<std::mutex> lock(mu);
+    if (progress) progress(++done, points.size());
+  });
   MarkPareto(&points);
   return points;
 }

@@ -15,10 +15,10 @@
 #include <numeric>
 #include <optional>
 #include <set>
-#include <thread>
 #include <unordered_map>
 
 #include "core/files.h"
+#include "core/version.h"
 #include "planner/data.h"
 #include "planner/modality.h"
 #include "planner/plan.h"
@@ -102,7 +102,7 @@ constexpr PipelineKind kSchedules[] = {
 
 // Schedules that take a given vp (config.cc's rules).
 bool ScheduleTakes(PipelineKind k, int pp, int vp) {
-  if (pp == 1) return k == PipelineKind::k1F1B;  // one stage: every schedule is the same
+  if (pp == 1) return k == PipelineKind::k1F1B && vp == 1;  // one stage: all the same
   switch (k) {
     case PipelineKind::kGpipe:
     case PipelineKind::k1F1B:
@@ -136,7 +136,8 @@ class Base {
     if (const YAML::Node training = doc.root()["training"]; training.IsMap())
       for (const auto& kv : training)
         for (const char* k : kListKeys)
-          if (kv.second.IsSequence() && "training." + kv.first.as<std::string>() == k)
+          if (kv.first.IsScalar() && kv.second.IsSequence() &&
+              "training." + kv.first.as<std::string>() == k)
             lists.push_back(k);
     for (const std::string& k : lists) doc.Erase(k);
     RETURN_IF_ERROR(doc.ApplySet(fmt::format("training.global_batch_size={}", global_batch)));
@@ -240,7 +241,7 @@ void Bound(const Config& k, PipelineKind kind, ShapeWork* shape, TunePoint* p) {
   p->time_bound_s = p->memory_bound_bytes = 0;
   for (int s = 0; s < par.pp; ++s) {
     double work = 0, before_last = 0, params = 0;
-    double first_act = std::numeric_limits<double>::infinity();
+    double first_act = t.memory_auto ? 0 : std::numeric_limits<double>::infinity();
     for (int ch = 0; ch < par.vp; ++ch) {
       const int g = GlobalStage(placement, par.pp, ch, s);
       double b = seconds(tw.b[g]);
@@ -248,7 +249,8 @@ void Bound(const Config& k, PipelineKind kind, ShapeWork* shape, TunePoint* p) {
       work += seconds(tw.f[g]) + b;
       before_last += seconds(tw.f[g]) + input_grad(g);
       params += tw.params_per_gpu[g];
-      first_act = std::min(first_act, std::max(0.0, tw.f[g].mem_delta_bytes));
+      // memory: auto may choose modes that keep fewer bytes than the configured ones.
+      if (!t.memory_auto) first_act = std::min(first_act, std::max(0.0, tw.f[g].mem_delta_bytes));
     }
     // Every text op of the rank starts after `head`; its last B (I) follows all its Fs and
     // Bs (Is) and is followed by the B (I) chain of the stages below.
@@ -296,48 +298,54 @@ std::string PointKey(const std::vector<std::string>& keys, const std::vector<std
 }
 
 // What a results file was written for: the config every point starts from (after the
-// overrides, with the global batch and GPU count), as a 64-bit FNV-1a hash of its YAML.
+// overrides, with the global batch and GPU count) and pipeplan's version (its cost model),
+// as a 64-bit FNV-1a hash.
 std::string SearchId(const Base& b) {
   uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : b.Yaml()) h = (h ^ ch) * 1099511628211ull;
+  for (unsigned char ch : b.Yaml() + kVersion) h = (h ^ ch) * 1099511628211ull;
   return fmt::format("{:016x}", h);
 }
 
 constexpr const char* kResultsHeader = "pipeplan_tune_results";
 
-// Reads a results file into `out` (by PointKey); a missing file is no results. A last line
-// cut short (a run killed while writing it) is ignored; any other bad line is an error.
-Status ReadResults(const std::string& path, const std::string& search,
-                   std::unordered_map<std::string, TunePoint>* out) {
+// Reads a results file into `out` (by PointKey). `must_exist`: a missing file is an error
+// (else no results). Only whole lines count: a last line without its newline (a run killed
+// while writing it) is left out, and `*whole_bytes` (if given) is where it starts. The first
+// line must be this search's header, whole; any other line that does not read is an error.
+Status ReadResults(const std::string& path, const std::string& search, bool must_exist,
+                   std::unordered_map<std::string, TunePoint>* out, size_t* whole_bytes) {
+  if (whole_bytes) *whole_bytes = 0;
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return Status::Ok();
+  if (!std::filesystem::exists(path, ec)) {
+    if (must_exist) return InvalidInput(fmt::format("{}: no such results file", path));
+    return Status::Ok();
+  }
   ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
+  if (text.empty()) return Status::Ok();
+  const size_t whole = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
   size_t line_no = 0;
-  for (size_t b = 0; b < text.size();) {
+  for (size_t b = 0; b < whole;) {
     const size_t nl = text.find('\n', b);
-    const bool last = nl == std::string::npos;
-    const std::string line = text.substr(b, last ? std::string::npos : nl - b);
-    b = last ? text.size() : nl + 1;
+    const std::string line = text.substr(b, nl - b);
+    b = nl + 1;
     ++line_no;
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) {
-      if (last) break;
-      return InvalidInput(fmt::format("{}:{}: not a line of tune results", path, line_no));
-    }
-    if (line_no == 1) {
-      if (!j.contains(kResultsHeader))
-        return InvalidInput(fmt::format("{}:1: not a tune results file", path));
-      if (j.value("search", "") != search)
-        return InvalidInput(fmt::format(
-            "{}:1: these results are of another search (another config, --set or --gpus): "
-            "search {}, this one {}",
-            path, j.value("search", ""), search));
-      continue;
-    }
     try {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (line_no == 1) {
+        if (!j.is_object() || !j.contains(kResultsHeader))
+          return InvalidInput(fmt::format("{}:1: not a tune results file", path));
+        const std::string theirs = j.at("search").get<std::string>();
+        if (theirs != search)
+          return InvalidInput(fmt::format(
+              "{}:1: these results are of another search (another config, --set, --gpus or "
+              "pipeplan version): search {}, this one {}",
+              path, theirs, search));
+        continue;
+      }
       TunePoint p;
       std::vector<std::string> keys, values;
-      for (const auto& [k, v] : j.at("values").items()) keys.push_back(k), values.push_back(v);
+      for (const auto& [k, v] : j.at("values").items())
+        keys.push_back(k), values.push_back(v.get<std::string>());
       const std::string state = j.at("state");
       p.state = state == "simulated" ? TuneState::kSimulated
                 : state == "invalid" ? TuneState::kInvalid
@@ -354,9 +362,13 @@ Status ReadResults(const std::string& path, const std::string& search,
       }
       (*out)[PointKey(keys, values)] = std::move(p);
     } catch (const nlohmann::json::exception& e) {
-      return InvalidInput(fmt::format("{}:{}: {}", path, line_no, e.what()));
+      return InvalidInput(
+          fmt::format("{}:{}: not a line of tune results: {}", path, line_no, FirstLine(e.what())));
     }
   }
+  if (line_no == 0)  // not even a whole header: not a file of ours to append to
+    return InvalidInput(fmt::format("{}: not a tune results file (no whole first line)", path));
+  if (whole_bytes) *whole_bytes = whole;
   return Status::Ok();
 }
 
@@ -367,21 +379,17 @@ class ResultsWriter {
     if (f_) std::fclose(f_);
   }
   bool open() const { return f_ != nullptr; }
-  Status Open(const std::string& path, const std::string& search) {
+  // `whole_bytes`: the file's whole lines (ReadResults); a partial last line is cut off.
+  Status Open(const std::string& path, const std::string& search, size_t whole_bytes) {
     path_ = path;
     std::error_code ec;
-    size_t kept = 0;  // whole lines: a last line cut short (ReadResults skipped it) goes
-    if (std::filesystem::exists(path, ec)) {
-      ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
-      const size_t nl = text.rfind('\n');
-      kept = nl == std::string::npos ? 0 : nl + 1;
-      if (kept != text.size()) std::filesystem::resize_file(path, kept, ec);
+    if (std::filesystem::exists(path, ec) && std::filesystem::file_size(path, ec) != whole_bytes) {
+      std::filesystem::resize_file(path, whole_bytes, ec);
       if (ec) return Internal(fmt::format("{}: cannot drop its last, partial line", path));
     }
-    const bool fresh = kept == 0;
     f_ = std::fopen(path.c_str(), "a");
     if (!f_) return Internal(fmt::format("{}: cannot open for appending", path));
-    if (fresh) return Write(nlohmann::json{{kResultsHeader, 1}, {"search", search}});
+    if (whole_bytes == 0) return Write(nlohmann::json{{kResultsHeader, 1}, {"search", search}});
     return Status::Ok();
   }
   Status Append(const std::vector<std::string>& keys, const TunePoint& p) {
@@ -417,25 +425,6 @@ void Simulate(const Config& k, double capacity, TunePoint* p) {
   p->metrics.ranks.clear();
   p->state = TuneState::kSimulated;
   Judge(capacity, p);
-}
-
-// Runs f(i) for every i of `items` on up to `jobs` threads.
-void ForEachParallel(const std::vector<size_t>& items, int jobs,
-                     const std::function<void(size_t)>& f) {
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i; (i = next++) < items.size();) f(items[i]);
-  };
-  std::vector<std::thread> threads;
-  for (int j = 1; j < std::min<int>(jobs, static_cast<int>(items.size())); ++j) {
-    try {
-      threads.emplace_back(worker);
-    } catch (const std::system_error&) {
-      break;
-    }
-  }
-  worker();
-  for (auto& th : threads) th.join();
 }
 
 bool Better(const TunePoint& a, size_t ai, const TunePoint& b, size_t bi) {
@@ -639,6 +628,12 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
     const std::string s = at(v, key);
     return s.empty() ? fallback : std::atoi(s.c_str());
   };
+  double grid = 1;  // the odometer below walks all of it
+  for (const VaryAxis& a : axes) grid *= static_cast<double>(a.values.size());
+  if (grid > kMaxTuneGrid)
+    return InvalidInput(fmt::format(
+        "the search's grid has {:.3g} combinations, more than {:.0e}: fix some axes with --only",
+        grid, kMaxTuneGrid));
   const LlmConfig& l = base.model.llm;
   std::vector<size_t> digit(axes.size(), 0);  // the grid walked like an odometer
   std::vector<std::string> values(axes.size());
@@ -704,9 +699,11 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
   const size_t schedule_axis = shape_axes;
   std::atomic<size_t> bounded{0};
   std::mutex progress_mu;
-  std::vector<size_t> group_index(groups.size());
-  std::iota(group_index.begin(), group_index.end(), 0);
-  ForEachParallel(group_index, o.jobs, [&](size_t gi) {
+  ForEachParallel(groups.size(), o.jobs, [&](size_t gi) {
+    if (o.bound_progress && ++bounded % 64 == 0) {
+      std::lock_guard<std::mutex> lock(progress_mu);
+      o.bound_progress(bounded, groups.size());
+    }
     const size_t first = groups[gi];
     size_t end = first + 1;
     while (end < r.points.size() && same_shape(first, end)) ++end;
@@ -726,10 +723,6 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
         if (schedule_axis < r.keys.size() && r.points[j].values[schedule_axis] == PipelineName(s))
           kind = s;
       Bound(*k, kind, &shape, &r.points[j]);
-    }
-    if (o.bound_progress && ++bounded % 64 == 0) {
-      std::lock_guard<std::mutex> lock(progress_mu);
-      o.bound_progress(bounded, groups.size());
     }
   });
   if (o.bound_progress) o.bound_progress(groups.size(), groups.size());
@@ -775,10 +768,13 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
   // Results of earlier runs (or of the shards) first: their points are not simulated again.
   const std::string search = SearchId(b);
   std::unordered_map<std::string, TunePoint> own, stored;  // results_path's, the others'
-  if (!o.results_path.empty()) RETURN_IF_ERROR(ReadResults(o.results_path, search, &own));
-  for (const std::string& in : o.resume_from) RETURN_IF_ERROR(ReadResults(in, search, &stored));
+  size_t whole_bytes = 0;
+  if (!o.results_path.empty())
+    RETURN_IF_ERROR(ReadResults(o.results_path, search, false, &own, &whole_bytes));
+  for (const std::string& in : o.resume_from)
+    RETURN_IF_ERROR(ReadResults(in, search, true, &stored, nullptr));
   ResultsWriter writer;
-  if (!o.results_path.empty()) RETURN_IF_ERROR(writer.Open(o.results_path, search));
+  if (!o.results_path.empty()) RETURN_IF_ERROR(writer.Open(o.results_path, search, whole_bytes));
   std::vector<uint8_t> done(r.points.size(), 0);
   for (size_t i : order) {
     const std::string key = PointKey(r.keys, r.points[i].values);
@@ -794,8 +790,12 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
     if (!mine && writer.open()) RETURN_IF_ERROR(writer.Append(r.keys, p));
   }
   size_t simulated = std::count(done.begin(), done.end(), 1);
+  double wave_seconds = 0;  // of the waves simulated so far
+  int waves = 0;
   for (size_t pos = 0; pos < order.size();) {
-    if (o.budget_s > 0 && elapsed() > o.budget_s) {
+    // No wave starts that would end after the budget, by the mean time of those so far.
+    const double next_wave = waves > 0 ? wave_seconds / waves : 0;
+    if (o.budget_s > 0 && elapsed() + next_wave > o.budget_s) {
       for (; pos < order.size(); ++pos)
         if (!done[order[pos]]) r.points[order[pos]].state = TuneState::kOverBudget;
       break;
@@ -821,9 +821,11 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
         wave.push_back(order[pos]);
       }
     }
-    ForEachParallel(wave, o.jobs, [&](size_t i) {
-      if (auto k = parse(r.points[i])) Simulate(*k, capacity, &r.points[i]);
+    const double wave_start = elapsed();
+    ForEachParallel(wave.size(), o.jobs, [&](size_t w) {
+      if (auto k = parse(r.points[wave[w]])) Simulate(*k, capacity, &r.points[wave[w]]);
     });
+    if (!wave.empty()) wave_seconds += elapsed() - wave_start, ++waves;
     for (size_t i : wave) {
       add(i), ++simulated;
       if (writer.open()) RETURN_IF_ERROR(writer.Append(r.keys, r.points[i]));

@@ -4,9 +4,10 @@
 //
 // Every candidate gets two bounds from the model alone (no plan, no simulation):
 //  - memory: the bf16 weights, fp32 gradients and optimizer states of its busiest pipeline
-//    rank's LLM layers, plus the reserve (what StaticMemory charges, leaving out what ZeRO-2,
-//    host gradients or Muon could shrink): no plan of the point can need less, so a point
-//    whose bound is above the HBM less the headroom cannot fit;
+//    rank's LLM layers (what StaticMemory charges, leaving out what ZeRO-2, host gradients
+//    or Muon could shrink), the reserve and the saved activations of one forward (none
+//    under memory: auto, which may keep fewer): no plan of the point can need less, so a
+//    point whose bound is above the HBM less the headroom cannot fit;
 //  - step time: for each pipeline rank, no text op starts before the first micro-batch's
 //    forwards through the stages before it (`head`); the rank's last backward (split
 //    schedules: its last input-gradient pass) comes after all its forwards and backwards
@@ -87,8 +88,10 @@ struct TuneOptions {
   std::function<void(size_t, size_t)> progress, bound_progress;
 };
 
-// Candidates a search may hold (about 1 KiB of memory each).
+// Candidates a search may hold (about 1 KiB of memory each), and combinations of the axes'
+// values it walks to find them.
 inline constexpr size_t kMaxTunePoints = 1000000;
+inline constexpr double kMaxTuneGrid = 1e8;
 
 struct TuneResult {
   std::vector<std::string> keys;  // the axes, as --set keys

@@ -218,6 +218,9 @@ TEST_CASE("tune writes the best point as a config that plans, and JSON with ever
     CHECK(p.at("step_time_s").get<double>() >=
           j.at("points")[best].at("step_time_s").get<double>());
   }
+  RunResult shard = RunCli("tune " + cfg + " --shard 0/2");
+  CHECK(shard.exit_code == 2);
+  CHECK(shard.out.find("--shard needs --results FILE") != std::string::npos);
   RunResult bad = RunCli("tune " + cfg + " --objective speed");
   CHECK(bad.exit_code == 2);
   CHECK(bad.out.find("--objective speed") != std::string::npos);

@@ -251,6 +251,34 @@ TEST_CASE("tune: shards merged give the single run's top K; results files resume
   auto third = RunTune(cfg, {}, again);
   REQUIRE(third.ok());
   CHECK(third->resumed == third->count(TuneState::kSimulated));
+  // A finished line whose newline was not written yet counts as cut (it is dropped before
+  // appending; its point is simulated again if the search still needs it).
+  REQUIRE(WriteFileAtomic(dir + "/nonl.jsonl", text.substr(0, text.size() - 1)).ok());
+  again.results_path = dir + "/nonl.jsonl";
+  auto nonl = RunTune(cfg, {}, again);
+  REQUIRE(nonl.ok());
+  CHECK(nonl->resumed + 1 == merged->resumed);
+  CHECK(Key(nonl->points[nonl->top[0]]) == Key(single->points[single->top[0]]));
+  const std::string rewritten = *ReadFile(dir + "/nonl.jsonl");
+  CHECK(rewritten.back() == '\n');
+  auto reread = RunTune(cfg, {}, again);
+  REQUIRE(reread.ok());
+  CHECK(reread->resumed == reread->count(TuneState::kSimulated));
+  again.results_path = dir + "/cut.jsonl";
+  // A file that is not ours is an error and stays as it was; so is a missing --resume file.
+  REQUIRE(WriteFileAtomic(dir + "/notes.txt", "hello").ok());
+  TuneOptions foreign = Restricted(true, 4);
+  foreign.results_path = dir + "/notes.txt";
+  auto refused = RunTune(cfg, {}, foreign);
+  REQUIRE(!refused.ok());
+  CHECK(refused.status().message().find("notes.txt: not a tune results file") != std::string::npos);
+  CHECK(*ReadFile(dir + "/notes.txt") == "hello");
+  foreign.results_path.clear();
+  foreign.resume_from = {dir + "/nowhere.jsonl"};
+  refused = RunTune(cfg, {}, foreign);
+  REQUIRE(!refused.ok());
+  CHECK(refused.status().message().find("nowhere.jsonl: no such results file") !=
+        std::string::npos);
   // Results of another search are refused, naming the file.
   auto other = RunTune(cfg, {"training.seq_length=1024"}, again);
   REQUIRE(!other.ok());
