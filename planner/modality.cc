@@ -303,10 +303,17 @@ class RankLoads {
 }  // namespace
 
 CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gpus,
-                    const std::vector<double>& base, double budget_s) {
+                    const std::vector<double>& base, double budget_s,
+                    const std::vector<int>& min_k) {
   CpPlan plan = EmptyPlan(gpus);
   int levels = 0;
   plan.items = SplitItems(c, patches, gpus, budget_s, &levels);
+  for (CpItem& it : plan.items)
+    if (!min_k.empty() && min_k[it.image] > it.k) {
+      it.k = min_k[it.image];
+      it = Sized(c, patches[it.image], it);
+      levels = std::max(levels, Level(it.k));
+    }
   LongestFirst(&plan.items);
   std::vector<double> start = base;
   start.resize(gpus, 0.0);
@@ -441,8 +448,8 @@ double Tokens(const Config& c, int64_t patches) {
 
 // One task over whole images on one rank: dynamic CP inside the rank's GPUs.
 VisionTask RankTask(const Config& c, const std::vector<int64_t>& patches, int gpus, double budget_s,
-                    bool recompute_outputs_only) {
-  CpPlan plan = PlanVisionCp(c, patches, gpus, {}, budget_s);
+                    bool recompute_outputs_only, const std::vector<int>& min_k = {}) {
+  CpPlan plan = PlanVisionCp(c, patches, gpus, {}, budget_s, min_k);
   double model = 0, act = 0, tokens = 0, total = 0;
   for (int64_t p : patches) {
     model += VisionImageFlops(c, p), act += VisionActBytes(c, p), tokens += Tokens(c, p);
@@ -522,9 +529,20 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
       return best;
     };
     Choice best = choose(it.k);
+    // Released too late to end before the text does even on a rank with nothing else to
+    // run (the last micro-batches' backwards): no text can hide such an item, only its
+    // latency counts, so it may be split below cp_threshold_patches, over its rank's GPUs
+    // (a gang over ranks would hold them together while their forwards, mid-step, wait
+    // for each other). An item late for the load around it is not (its gather-KV would
+    // add to that load), nor are the first micro-batches' forwards (measured: splitting
+    // them lengthens the step's head, all of whose work runs before any text).
+    auto critical = [&](int k) {
+      return 2 * k <= gpus && tl.release[key] + ShardBackwardSeconds(c, P, k) > tl.end;
+    };
     // Late everywhere: an image that may be split is split further while that makes it
-    // less late (its shard faster), so the last micro-batches' work spreads out.
-    while (best.late > 0 && v.cp && P > v.cp_threshold_patches && it.k < kmax &&
+    // less late (its shard faster), so the last micro-batches' work spreads out. Its rank
+    // task keeps that split (RankTask's min_k).
+    while (best.late > 0 && v.cp && (P > v.cp_threshold_patches || critical(it.k)) && it.k < kmax &&
            ShardSeconds(c, P, 2 * it.k) < ShardSeconds(c, P, it.k)) {
       const Choice wider = choose(2 * it.k);
       if (wider.late >= best.late) break;
@@ -533,10 +551,13 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
     it = Sized(c, P, it);
     it.first_gpu = best.first;
     const double f = ShardSeconds(c, P, it.k), b = ShardBackwardSeconds(c, P, it.k);
+    // A gang's shards run together: each of its ranks is held until the slowest ends.
+    double fe = 0, be = 0;
     for_ranks(best.first, it.k, [&](int r) {
-      cur->fwd[r] = tl.Advance(r, cur->fwd[r], f);
-      cur->bwd[r] = tl.Advance(r, std::max(cur->bwd[r], tl.release[key]), b);
+      fe = std::max(fe, tl.Advance(r, cur->fwd[r], f));
+      be = std::max(be, tl.Advance(r, std::max(cur->bwd[r], tl.release[key]), b));
     });
+    for_ranks(best.first, it.k, [&](int r) { cur->fwd[r] = fe, cur->bwd[r] = be; });
     loads[best.first / per_stage].Add(best.first % per_stage, it.k, it.flops_per_gpu);
     if (it.k < gpus) tasks.Open(source[it.image], best.first, it.k, f);
     Charge(it, &plan);
@@ -617,16 +638,20 @@ void AddVisionTasks(const Config& c, const StepBatch& batch, int m, const Vision
   CpPlan plan = timed ? PlanVisionTimed(c, patches, source, m, dp * G, G, *pool.timeline, rank_of,
                                         carry, budget, cur)
                       : PlanVisionRanks(c, patches, source, G, carry, budget);
-  std::map<std::pair<int, int>, std::vector<int64_t>> whole;  // (rank, source replica) -> images
+  // (rank, source replica) -> its images and, timed, the split each was placed with
+  std::map<std::pair<int, int>, std::pair<std::vector<int64_t>, std::vector<int>>> whole;
   std::vector<const CpItem*> gangs;
   for (const CpItem& it : plan.items) {
-    if (it.k <= G)
-      whole[{rank_of(it.first_gpu), source[it.image]}].push_back(patches[it.image]);
-    else
+    if (it.k > G) {
       gangs.push_back(&it);
+      continue;
+    }
+    auto& [images, ks] = whole[{rank_of(it.first_gpu), source[it.image]}];
+    images.push_back(patches[it.image]);
+    if (timed) ks.push_back(it.k);
   }
-  for (auto& [key, images] : whole) {
-    VisionTask t = RankTask(c, images, G, budget, recompute_outputs_only);
+  for (auto& [key, task] : whole) {
+    VisionTask t = RankTask(c, task.first, G, budget, recompute_outputs_only, task.second);
     t.d = key.second, t.mb = m, t.task = next_task++, t.rank = key.first;
     out->push_back(t);
   }

@@ -38,9 +38,11 @@ struct CpPlan {
   double max_flops() const;
   double mean_flops() const;
 };
-// `base`: load (FLOPs) already on each GPU, e.g. its text work; empty = none.
+// `base`: load (FLOPs) already on each GPU, e.g. its text work; empty = none. `min_k`: per
+// image, a split factor chosen elsewhere that it keeps at least; empty = none.
 CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gpus,
-                    const std::vector<double>& base = {}, double budget_s = 0);
+                    const std::vector<double>& base = {}, double budget_s = 0,
+                    const std::vector<int>& min_k = {});
 
 // Seconds of gather-KV over the busiest GPU's compute, from a cost model's numbers:
 // comm / (comm + compute) for the GPU with the most gather traffic.

@@ -400,6 +400,42 @@ TEST_CASE("timed placement: an image that is late everywhere is split as far as 
   CHECK(shards(BuildModalityWork(c, *batch, pool, false)) == 2 * large);
 }
 
+TEST_CASE("timed placement: an image released too late to be hidden is split below the threshold") {
+  // Ranks of 2 GPUs (cp 2), every image 2048^2 (21,316 patches), below a threshold of 10^6:
+  // dynamic CP never splits one for load. Every image's task is one image (the images are
+  // equal, so a rank's images of one replica run side by side, two to a task, only when
+  // each keeps one GPU). When every stage is busy past the due time (late for the load
+  // around it) no image is split: a task's time is its longest image's on one GPU, so its
+  // FLOPs (the busiest GPU's, times the rank's GPUs) are twice its images' mean. When the
+  // gradients are released only as the text ends, no text can hide a backward, only its
+  // latency counts, and each image is split over its rank's 2 GPUs (not further: a gang
+  // over ranks would hold them together): a task of one image, its FLOPs its own.
+  Config c =
+      MultimodalConfig("bubble-fill", {"parallelism.cp=2", "model.vision.cp_max_group=2",
+                                       "model.vision.cp_threshold_patches=1000000",
+                                       "data.images=[{height: 2048, width: 2048, weight: 1}]"});
+  auto batch = MakeStepBatch(c);
+  REQUIRE_MESSAGE(batch.ok(), batch.status().message());
+  const double image = VisionImageFlops(c, Patches({2048, 2048, 1}, c.model.vision.patch));
+  VisionPool pool;
+  pool.latency_budget_s = 1e9, pool.window_rounds = 1 << 20;
+  const TextTimeline busy = IdleStages(c, {0, 1, 2, 3}, 0);
+  pool.timeline = &busy;
+  for (const VisionTask& t : BuildModalityWork(c, *batch, pool, false).vision) {
+    CHECK(t.shard < 0);
+    const double images = std::round(t.f.model_flops / image);
+    CHECK(t.f.flops == doctest::Approx(2 * t.f.model_flops / images).epsilon(0.01));
+  }
+  TextTimeline late = IdleStages(c, {}, 1000);
+  std::fill(late.release.begin(), late.release.end(), late.end);
+  pool.timeline = &late;
+  for (const VisionTask& t : BuildModalityWork(c, *batch, pool, false).vision) {
+    CHECK(t.shard < 0);
+    CHECK(t.f.model_flops == doctest::Approx(image));
+    CHECK(t.f.flops == doctest::Approx(t.f.model_flops).epsilon(0.01));
+  }
+}
+
 TEST_CASE("placement: a rank's images of one replica run side by side, not in turn") {
   // A rank runs one task per replica, that replica's whole images side by side on its
   // GPUs, and the tasks of one round one after another. Placing by each GPU's load alone
