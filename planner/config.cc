@@ -84,6 +84,11 @@ class MapReader {
       : ctx_(ctx), node_(node), path_(std::move(path)) {
     if (node_.IsDefined() && !node_.IsNull() && !node_.IsMap())
       ctx_->Fail(node_, path_, fmt::format("'{}' must be a mapping", path_));
+    // The keys once, in order (a yaml-cpp map is a list: walking it per lookup made
+    // parsing quadratic in its keys).
+    if (node_.IsMap())
+      for (auto it = node_.begin(); it != node_.end(); ++it)
+        if (it->first.IsScalar()) entries_.push_back({it->first.Scalar(), it->first, it->second});
   }
 
   // Finds a key by its canonical name or an alias; nullopt if absent.
@@ -91,26 +96,22 @@ class MapReader {
     for (auto n : names) known_.insert(std::string(n)), ctx_->known_paths.insert(Path(n));
     std::optional<YAML::Node> found;
     std::string found_name;
-    if (node_.IsMap()) {
-      for (auto it = node_.begin(); it != node_.end(); ++it) {
-        if (!it->first.IsScalar()) continue;  // reported by Finish()
-        std::string key = it->first.as<std::string>();
-        for (auto n : names) {
-          if (key != n) continue;
-          if (found) {
-            // A key and its alias: --set by either name overrides the file's.
-            const bool mine = ctx_->doc.FromSet(Path(key)),
-                       theirs = ctx_->doc.FromSet(Path(found_name));
-            if (mine != theirs) {
-              if (mine) found = it->second, found_name = key;
-              continue;
-            }
-            ctx_->Fail(it->first, Path(n),
-                       fmt::format("'{}' and '{}' set the same value", found_name, key));
-            return std::nullopt;
+    for (const Entry& e : entries_) {  // non-scalar keys are reported by Finish()
+      for (auto n : names) {
+        if (e.key != n) continue;
+        if (found) {
+          // A key and its alias: --set by either name overrides the file's.
+          const bool mine = ctx_->doc.FromSet(Path(e.key)),
+                     theirs = ctx_->doc.FromSet(Path(found_name));
+          if (mine != theirs) {
+            if (mine) found = e.value, found_name = e.key;
+            continue;
           }
-          found = it->second, found_name = key;
+          ctx_->Fail(e.key_node, Path(n),
+                     fmt::format("'{}' and '{}' set the same value", found_name, e.key));
+          return std::nullopt;
         }
+        found = e.value, found_name = e.key;
       }
     }
     if (found) ctx_->seen[Path(*names.begin())] = *found;
@@ -270,8 +271,13 @@ class MapReader {
     return n.IsScalar() ? n.Scalar() : "<non-scalar>";
   }
 
+  struct Entry {
+    std::string key;
+    YAML::Node key_node, value;
+  };
   Ctx* ctx_;
   YAML::Node node_;
+  std::vector<Entry> entries_;
   std::string path_;
   std::set<std::string> known_;
 };
@@ -1053,7 +1059,7 @@ StatusOr<Config> ParseConfig(YamlDoc doc) {
   }
   if (!ctx.error) CheckConsistency(&c, &ctx);
   if (ctx.error) return ctx.Result();
-  c.resolved_yaml = doc.Dump();
+  c.resolved_yaml = YamlText(std::move(doc));
   return c;
 }
 

@@ -311,8 +311,8 @@ struct Config {
   DataConfig data;
   ScheduleConfig schedule;
 
-  std::string source;         // file name the config came from
-  std::string resolved_yaml;  // the YAML after --set overrides (stored in plans)
+  std::string source;      // file name the config came from
+  YamlText resolved_yaml;  // the YAML after --set overrides (stored in plans)
   int world() const { return cluster.nodes * cluster.gpus_per_node; }
 };
 

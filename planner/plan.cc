@@ -801,7 +801,7 @@ StatusOr<Table> PlanOnce(const Config& c) {
                               : static_cast<double>(c.training.micro_batch_size) * shape.m * p.dp;
   meta.megatron_flops_per_step = MegatronFlopsPerStep(c);
   meta.megatron_model_flops_per_step = MegatronFlopsPerStep(c, false);
-  meta.config_yaml = c.resolved_yaml;
+  meta.config_yaml = c.resolved_yaml.str();
   StatusOr<Table> t = b.Finish(std::move(meta));
   if (t.ok() && t->size() >= kReleaseFromOps) ReleaseFreeMemory();  // all but the table
   return t;
@@ -914,7 +914,7 @@ StatusOr<Config> WithLevels(const Config& c, const MemoryLevels& m) {
     storage += fmt::format("{}{}", r ? ", " : "", ActStorageName(m.mode(r).storage));
     offload += fmt::format("{}{}", r ? ", " : "", ActPlaceName(m.mode(r).place));
   }
-  ASSIGN_OR_RETURN(YamlDoc doc, YamlDoc::FromString(c.source, c.resolved_yaml));
+  ASSIGN_OR_RETURN(YamlDoc doc, YamlDoc::FromString(c.source, c.resolved_yaml.str()));
   RETURN_IF_ERROR(doc.ApplySet("training.memory=manual"));
   doc.Erase("training.memory_policies");  // a key of memory: auto only
   RETURN_IF_ERROR(doc.ApplySet(fmt::format("training.recompute=[{}]", recompute)));
@@ -954,7 +954,7 @@ StatusOr<Config> WithLevels(const Config& c, const MemoryLevels& m) {
                          &v.saved_activations, &v.offload));
   RETURN_IF_ERROR(module("generator", g.enabled, m.mode(m.generator()), &g.recompute,
                          &g.saved_activations, &g.offload));
-  k.resolved_yaml = doc.Dump();
+  k.resolved_yaml = YamlText(std::move(doc));
   return k;
 }
 

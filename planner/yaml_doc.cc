@@ -153,6 +153,20 @@ std::string YamlDoc::Dump() const {
   return std::string(out.c_str()) + "\n";
 }
 
+YamlText::YamlText(YamlDoc doc) : state_(std::make_shared<State>()) {
+  state_->doc = std::move(doc);
+}
+
+const std::string& YamlText::str() const {
+  static const std::string kEmpty;
+  if (!state_) return kEmpty;
+  std::call_once(state_->once, [s = state_.get()] {
+    s->text = s->doc->Dump();
+    s->doc.reset();
+  });
+  return state_->text;
+}
+
 std::string YamlDoc::ErrorAt(const YAML::Node& node, const std::string& key_path,
                              std::string_view msg) const {
   // A value written by --set (or a map it created) has no position in the file.

@@ -4,6 +4,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,6 +47,24 @@ class YamlDoc {
   std::vector<std::string> lines_;
   YAML::Node root_;
   std::map<std::string, std::string> set_origin_;  // key path -> the --set that wrote it
+};
+
+// A document's YAML text, written out on first use (once, thread-safe): a config keeps
+// the YAML it was read from for the plans it makes, and most configs parsed (sweep and
+// tune points) never write it. Copies share the text.
+class YamlText {
+ public:
+  YamlText() = default;
+  explicit YamlText(YamlDoc doc);
+  const std::string& str() const;
+
+ private:
+  struct State {
+    std::optional<YamlDoc> doc;
+    std::once_flag once;
+    std::string text;
+  };
+  std::shared_ptr<State> state_;
 };
 
 // Levenshtein distance, for "did you mean" hints.

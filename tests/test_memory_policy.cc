@@ -22,7 +22,7 @@ namespace {
 constexpr double kH = 256, kT = 128;
 
 std::string ParseError(const Config& base_yaml_of, std::vector<std::string> sets) {
-  auto doc = YamlDoc::FromString("cfg.yaml", base_yaml_of.resolved_yaml);
+  auto doc = YamlDoc::FromString("cfg.yaml", base_yaml_of.resolved_yaml.str());
   REQUIRE(doc.ok());
   for (const std::string& s : sets)
     if (Status st = doc->ApplySet(s); !st.ok()) return st.message();

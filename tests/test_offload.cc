@@ -123,7 +123,7 @@ TEST_CASE("host offload per pipeline rank; errors name the key") {
   const Table t = Plan(c);
   CHECK(OfKind(t, 0, OpKind::kOffload).size() == 8);
   CHECK(OfKind(t, 1, OpKind::kOffload).empty());  // stage 1 could, but keeps them
-  auto doc = YamlDoc::FromString("cfg.yaml", c.resolved_yaml);
+  auto doc = YamlDoc::FromString("cfg.yaml", c.resolved_yaml.str());
   REQUIRE(doc.ok());
   REQUIRE(doc->ApplySet("training.offload=[host, none]").ok());
   auto bad = ParseConfig(std::move(*doc));
@@ -262,7 +262,7 @@ TEST_CASE("simulate --memory-timeline: each rank's memory at every op, host incl
   const Config c = OneF1B({"training.offload=host", "cluster.hardware.host_link_bw=1e15"});
   const std::string cfg = fmt::format("/tmp/pipeplan_test_{}_mt.yaml", getpid());
   const std::string out = fmt::format("/tmp/pipeplan_test_{}_mt.json", getpid());
-  REQUIRE(WriteFileAtomic(cfg, c.resolved_yaml).ok());
+  REQUIRE(WriteFileAtomic(cfg, c.resolved_yaml.str()).ok());
   const RunResult r =
       RunCli(fmt::format("simulate {} --memory-timeline {} --trace-ranks 0", cfg, out));
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
@@ -423,7 +423,7 @@ TEST_CASE(
     CHECK(run->passed());
   }
   // Megatron's overlapped reduction is ZeRO 0/1's: an error names the key.
-  auto doc = YamlDoc::FromString("cfg.yaml", z1.resolved_yaml);
+  auto doc = YamlDoc::FromString("cfg.yaml", z1.resolved_yaml.str());
   REQUIRE(doc.ok());
   REQUIRE(doc->ApplySet("training.zero_stage=2").ok());
   REQUIRE(doc->ApplySet("training.overlap_grad_reduce=true").ok());
@@ -436,7 +436,7 @@ TEST_CASE(
 TEST_CASE("pipeline ZeRO-2 with host gradients: errors name the key") {
   const Config plain = SmallConfig(PipelineKind::k1F1B, 2, 1, 4, 2);
   auto error = [&](std::vector<std::string> sets) {
-    auto doc = YamlDoc::FromString("cfg.yaml", plain.resolved_yaml);
+    auto doc = YamlDoc::FromString("cfg.yaml", plain.resolved_yaml.str());
     REQUIRE(doc.ok());
     for (const std::string& s : sets) REQUIRE(doc->ApplySet(s).ok());
     auto c = ParseConfig(std::move(*doc));

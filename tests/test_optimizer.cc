@@ -151,7 +151,7 @@ TEST_CASE("muon: p2p pipelined per model chunk, the next chunk's gather under th
 
 TEST_CASE("muon: its keys need training.optimizer: muon") {
   const Config plain = SmallConfig(PipelineKind::k1F1B, 4, 1, 4, 2);
-  auto doc = YamlDoc::FromString("cfg.yaml", plain.resolved_yaml);
+  auto doc = YamlDoc::FromString("cfg.yaml", plain.resolved_yaml.str());
   REQUIRE(doc.ok());
   REQUIRE(doc->ApplySet("training.muon_gather=all_gather").ok());
   auto bad = ParseConfig(std::move(*doc));
