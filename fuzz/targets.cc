@@ -164,7 +164,7 @@ bool MegatronArgs(const uint8_t* data, size_t size) {
   if (!doc.ok()) return false;
   // Accepted: a config as `import-megatron` checks it (the caller's plan budget); planned
   // when it also fits the small one (a real job's config seldom does).
-  if (!ParseConfig(*doc).ok()) return false;
+  if (!ParseConfig(doc->Clone()).ok()) return false;
   ParseAndPlan(std::move(doc).value(), {});
   return true;
 }

@@ -84,8 +84,8 @@ class MapReader {
       : ctx_(ctx), node_(node), path_(std::move(path)) {
     if (node_.IsDefined() && !node_.IsNull() && !node_.IsMap())
       ctx_->Fail(node_, path_, fmt::format("'{}' must be a mapping", path_));
-    // The keys once, in order (a yaml-cpp map is a list: walking it per lookup made
-    // parsing quadratic in its keys).
+    // The keys once, in order: walking the yaml-cpp map on every lookup (node handles,
+    // reference counts, a copy of every key) was most of a config's parse.
     if (node_.IsMap())
       for (auto it = node_.begin(); it != node_.end(); ++it)
         if (it->first.IsScalar()) entries_.push_back({it->first.Scalar(), it->first, it->second});
@@ -277,7 +277,7 @@ class MapReader {
   };
   Ctx* ctx_;
   YAML::Node node_;
-  std::vector<Entry> entries_;
+  std::vector<Entry> entries_;  // scalar keys, in the file's order
   std::string path_;
   std::set<std::string> known_;
 };
@@ -1035,7 +1035,7 @@ std::string_view ModalityName(ModalityPolicy p) {
   return kModalityNames[static_cast<int>(p)];
 }
 
-StatusOr<Config> ParseConfig(YamlDoc doc) {
+StatusOr<Config> ParseConfig(YamlDoc&& doc) {
   Ctx ctx{doc, std::nullopt, {}};
   Config c;
   c.source = doc.name();
@@ -1059,7 +1059,7 @@ StatusOr<Config> ParseConfig(YamlDoc doc) {
   }
   if (!ctx.error) CheckConsistency(&c, &ctx);
   if (ctx.error) return ctx.Result();
-  c.resolved_yaml = YamlText(std::move(doc));
+  c.resolved_yaml = YamlText(doc);
   return c;
 }
 

@@ -329,6 +329,7 @@ double MemoryBudgetBytes();
 
 // Parses and checks a config; `sets` are "key.path=value" overrides applied first.
 StatusOr<Config> LoadConfig(const std::string& path, const std::vector<std::string>& sets = {});
-StatusOr<Config> ParseConfig(YamlDoc doc);
+// Takes the document over: the config keeps its tree (resolved_yaml), which must not change.
+StatusOr<Config> ParseConfig(YamlDoc&& doc);
 
 }  // namespace pipeplan

@@ -308,11 +308,14 @@ CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gp
   CpPlan plan = EmptyPlan(gpus);
   int levels = 0;
   plan.items = SplitItems(c, patches, gpus, budget_s, &levels);
-  for (CpItem& it : plan.items)
-    if (!min_k.empty() && min_k[it.image] > it.k) {
-      it.k = min_k[it.image];
+  if (min_k.size() == patches.size())
+    for (CpItem& it : plan.items) {
+      int k = it.k;  // at least min_k, a power of two within the GPUs
+      while (k < min_k[it.image] && 2 * k <= gpus) k *= 2;
+      if (k == it.k) continue;
+      it.k = k;
       it = Sized(c, patches[it.image], it);
-      levels = std::max(levels, Level(it.k));
+      levels = std::max(levels, Level(k));
     }
   LongestFirst(&plan.items);
   std::vector<double> start = base;
@@ -508,20 +511,29 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
     auto for_ranks = [&](int first, int k, auto&& fn) {
       for (int g = first; g < first + std::max(k, gpus); g += gpus) fn(rank_of(g));
     };
+    // Where the forward and the backward of a block's item (k GPUs from `first`) would
+    // end: a gang's shards run together, from when the last of its ranks is free, and hold
+    // every one of them until the slowest ends.
+    auto ends = [&](int first, int k) {
+      const double f = ShardSeconds(c, P, k), b = ShardBackwardSeconds(c, P, k);
+      double fs = 0, bs = tl.release[key], fe = 0, be = 0;
+      for_ranks(first, k,
+                [&](int r) { fs = std::max(fs, cur->fwd[r]), bs = std::max(bs, cur->bwd[r]); });
+      for_ranks(first, k, [&](int r) {
+        fe = std::max(fe, tl.Advance(r, fs, f)), be = std::max(be, tl.Advance(r, bs, b));
+      });
+      return std::pair{fe, be};
+    };
     // Least late first (the forward past the consumer's text F, the backward past the
     // end of the text); among blocks on time the least loaded, among blocks late by as
     // much the one whose text ends first (a text that runs late delays the others more).
     auto choose = [&](int k) {
-      const double f = ShardSeconds(c, P, k), b = ShardBackwardSeconds(c, P, k);
       Choice best;
       for (int s = 0; s < stages; ++s) {
         const int local = loads[s].Best(k);
         const int first = s * per_stage + local;
-        double late = 0;
-        for_ranks(first, k, [&](int r) {
-          late = std::max({late, tl.Advance(r, cur->fwd[r], f) - tl.due[key],
-                           tl.Advance(r, std::max(cur->bwd[r], tl.release[key]), b) - tl.end});
-        });
+        const auto [fe, be] = ends(first, k);
+        const double late = std::max({0.0, fe - tl.due[key], be - tl.end});
         const double tie = late > 0 ? tl.TextEnd(rank_of(first)) : loads[s].Load(local, k);
         if (best.first < 0 || late < best.late || (late == best.late && tie < best.tie))
           best = {first, late, tie};
@@ -540,8 +552,7 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
       return 2 * k <= gpus && tl.release[key] + ShardBackwardSeconds(c, P, k) > tl.end;
     };
     // Late everywhere: an image that may be split is split further while that makes it
-    // less late (its shard faster), so the last micro-batches' work spreads out. Its rank
-    // task keeps that split (RankTask's min_k).
+    // less late (its shard faster), so the last micro-batches' work spreads out.
     while (best.late > 0 && v.cp && (P > v.cp_threshold_patches || critical(it.k)) && it.k < kmax &&
            ShardSeconds(c, P, 2 * it.k) < ShardSeconds(c, P, it.k)) {
       const Choice wider = choose(2 * it.k);
@@ -550,16 +561,10 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
     }
     it = Sized(c, P, it);
     it.first_gpu = best.first;
-    const double f = ShardSeconds(c, P, it.k), b = ShardBackwardSeconds(c, P, it.k);
-    // A gang's shards run together: each of its ranks is held until the slowest ends.
-    double fe = 0, be = 0;
-    for_ranks(best.first, it.k, [&](int r) {
-      fe = std::max(fe, tl.Advance(r, cur->fwd[r], f));
-      be = std::max(be, tl.Advance(r, std::max(cur->bwd[r], tl.release[key]), b));
-    });
+    const auto [fe, be] = ends(best.first, it.k);
     for_ranks(best.first, it.k, [&](int r) { cur->fwd[r] = fe, cur->bwd[r] = be; });
     loads[best.first / per_stage].Add(best.first % per_stage, it.k, it.flops_per_gpu);
-    if (it.k < gpus) tasks.Open(source[it.image], best.first, it.k, f);
+    if (it.k < gpus) tasks.Open(source[it.image], best.first, it.k, ShardSeconds(c, P, it.k));
     Charge(it, &plan);
   }
   ImageOrder(&plan.items);
@@ -638,20 +643,25 @@ void AddVisionTasks(const Config& c, const StepBatch& batch, int m, const Vision
   CpPlan plan = timed ? PlanVisionTimed(c, patches, source, m, dp * G, G, *pool.timeline, rank_of,
                                         carry, budget, cur)
                       : PlanVisionRanks(c, patches, source, G, carry, budget);
-  // (rank, source replica) -> its images and, timed, the split each was placed with
-  std::map<std::pair<int, int>, std::pair<std::vector<int64_t>, std::vector<int>>> whole;
+  // Per (rank, source replica): its images and, timed, the split each was placed with (a
+  // rank task keeps it).
+  struct Images {
+    std::vector<int64_t> patches;
+    std::vector<int> k;
+  };
+  std::map<std::pair<int, int>, Images> whole;
   std::vector<const CpItem*> gangs;
   for (const CpItem& it : plan.items) {
     if (it.k > G) {
       gangs.push_back(&it);
       continue;
     }
-    auto& [images, ks] = whole[{rank_of(it.first_gpu), source[it.image]}];
-    images.push_back(patches[it.image]);
-    if (timed) ks.push_back(it.k);
+    Images& mine = whole[{rank_of(it.first_gpu), source[it.image]}];
+    mine.patches.push_back(patches[it.image]);
+    if (timed) mine.k.push_back(it.k);
   }
   for (auto& [key, task] : whole) {
-    VisionTask t = RankTask(c, task.first, G, budget, recompute_outputs_only, task.second);
+    VisionTask t = RankTask(c, task.patches, G, budget, recompute_outputs_only, task.k);
     t.d = key.second, t.mb = m, t.task = next_task++, t.rank = key.first;
     out->push_back(t);
   }

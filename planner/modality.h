@@ -39,7 +39,8 @@ struct CpPlan {
   double mean_flops() const;
 };
 // `base`: load (FLOPs) already on each GPU, e.g. its text work; empty = none. `min_k`: per
-// image, a split factor chosen elsewhere that it keeps at least; empty = none.
+// image, a split factor chosen elsewhere that it keeps at least (within the GPUs); empty
+// = none.
 CpPlan PlanVisionCp(const Config& c, const std::vector<int64_t>& patches, int gpus,
                     const std::vector<double>& base = {}, double budget_s = 0,
                     const std::vector<int>& min_k = {});

@@ -954,7 +954,7 @@ StatusOr<Config> WithLevels(const Config& c, const MemoryLevels& m) {
                          &v.saved_activations, &v.offload));
   RETURN_IF_ERROR(module("generator", g.enabled, m.mode(m.generator()), &g.recompute,
                          &g.saved_activations, &g.offload));
-  k.resolved_yaml = YamlText(std::move(doc));
+  k.resolved_yaml = YamlText(doc);
   return k;
 }
 

@@ -147,22 +147,30 @@ StatusOr<std::vector<std::string>> YamlDoc::LeafAssignments() const {
   return out;
 }
 
-std::string YamlDoc::Dump() const {
+namespace {
+
+std::string DumpTree(const YAML::Node& root) {
   YAML::Emitter out;
-  out << root_;
+  out << root;
   return std::string(out.c_str()) + "\n";
 }
 
-YamlText::YamlText(YamlDoc doc) : state_(std::make_shared<State>()) {
-  state_->doc = std::move(doc);
+}  // namespace
+
+std::string YamlDoc::Dump() const {
+  return DumpTree(root_);
+}
+
+YamlText::YamlText(const YamlDoc& doc) : state_(std::make_shared<State>()) {
+  state_->root.emplace(doc.root());
 }
 
 const std::string& YamlText::str() const {
   static const std::string kEmpty;
   if (!state_) return kEmpty;
   std::call_once(state_->once, [s = state_.get()] {
-    s->text = s->doc->Dump();
-    s->doc.reset();
+    s->text = DumpTree(*s->root);
+    s->root.reset();
   });
   return state_->text;
 }

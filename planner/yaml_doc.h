@@ -51,16 +51,17 @@ class YamlDoc {
 
 // A document's YAML text, written out on first use (once, thread-safe): a config keeps
 // the YAML it was read from for the plans it makes, and most configs parsed (sweep and
-// tune points) never write it. Copies share the text.
+// tune points) never write it. It holds the document's tree (not its source lines) until
+// then; copies share the text. The tree must not change afterwards.
 class YamlText {
  public:
   YamlText() = default;
-  explicit YamlText(YamlDoc doc);
+  explicit YamlText(const YamlDoc& doc);
   const std::string& str() const;
 
  private:
   struct State {
-    std::optional<YamlDoc> doc;
+    std::optional<YAML::Node> root;  // reset, not assigned: assigning writes through
     std::once_flag once;
     std::string text;
   };

@@ -408,8 +408,8 @@ TEST_CASE("timed placement: an image released too late to be hidden is split bel
   // around it) no image is split: a task's time is its longest image's on one GPU, so its
   // FLOPs (the busiest GPU's, times the rank's GPUs) are twice its images' mean. When the
   // gradients are released only as the text ends, no text can hide a backward, only its
-  // latency counts, and each image is split over its rank's 2 GPUs (not further: a gang
-  // over ranks would hold them together): a task of one image, its FLOPs its own.
+  // latency counts, and each image is split over its rank's 2 GPUs: a task of one image,
+  // its FLOPs its own. (cp_max_group 2 allows no wider split here; below, one that does.)
   Config c =
       MultimodalConfig("bubble-fill", {"parallelism.cp=2", "model.vision.cp_max_group=2",
                                        "model.vision.cp_threshold_patches=1000000",
@@ -432,6 +432,23 @@ TEST_CASE("timed placement: an image released too late to be hidden is split bel
   for (const VisionTask& t : BuildModalityWork(c, *batch, pool, false).vision) {
     CHECK(t.shard < 0);
     CHECK(t.f.model_flops == doctest::Approx(image));
+    CHECK(t.f.flops == doctest::Approx(t.f.model_flops).epsilon(0.01));
+  }
+  // On 2 nodes (a stage holds 2 ranks, 4 GPUs) with sub-groups of up to 4 GPUs, splitting
+  // over 4 would be faster still, but a gang over 2 ranks would hold them together through
+  // its forward: the image stays on its rank's 2 GPUs.
+  c = MultimodalConfig("bubble-fill",
+                       {"parallelism.cp=2", "cluster.nodes=2", "model.vision.cp_max_group=4",
+                        "model.vision.cp_threshold_patches=1000000",
+                        "data.images=[{height: 2048, width: 2048, weight: 1}]"});
+  batch = MakeStepBatch(c);
+  REQUIRE_MESSAGE(batch.ok(), batch.status().message());
+  REQUIRE(TimedPlacementFits(c));
+  late = IdleStages(c, {}, 1000);
+  std::fill(late.release.begin(), late.release.end(), late.end);
+  pool.timeline = &late;
+  for (const VisionTask& t : BuildModalityWork(c, *batch, pool, false).vision) {
+    CHECK(t.shard < 0);
     CHECK(t.f.flops == doctest::Approx(t.f.model_flops).epsilon(0.01));
   }
 }
