@@ -46,6 +46,8 @@ class Pass {
   // Whether a window acted: held a forward back, made a backward due, or woke a parked
   // rank. If not, the same rules without windows make the same decisions.
   bool window_bound() const { return window_bound_; }
+  // Whether the memory room held anything back or made a backward due.
+  bool room_bound() const { return room_bound_; }
   // Start of each consumer's text F(0, mb), per (d * m + mb).
   std::vector<double> ConsumerStarts() const;
   std::vector<VisionPlacement> Placements() const;
@@ -158,8 +160,11 @@ class Pass {
     return in_.bytes.empty() ? 0 : in_.bytes[task] * Share(task, piece, piece + 1);
   }
   bool OverBudget(int r, double extra) const {
+    const bool room =
+        !rules_.memory_room_bytes.empty() && alive_[r] + extra > rules_.memory_room_bytes[r];
+    room_bound_ |= room;
     return (rules_.memory_budget_bytes > 0 && alive_[r] + extra > rules_.memory_budget_bytes) ||
-           (!rules_.memory_room_bytes.empty() && alive_[r] + extra > rules_.memory_room_bytes[r]);
+           room;
   }
   bool BackwardOverdue(int task, double t) const {
     if (jobs_[task].gang == kNone && OverBudget(jobs_[task].rank, 0)) return true;
@@ -212,6 +217,7 @@ class Pass {
   DecisionQueue queue_;
   double makespan_ = 0;
   mutable bool window_bound_ = false;
+  mutable bool room_bound_ = false;
   // Sharded generator, per (d * m + mb): its gang, start and end, and (rank, text position)
   // of each shard.
   std::vector<int> gen_gang_;
@@ -291,7 +297,10 @@ bool Pass::WindowOpen(int task, double t) const {
 }
 
 // The unplaced forward on r with the earliest deadline whose window is open at t and that
-// fits `gap` (gangs: all of their ranks are free to post).
+// fits `gap` (gangs: all of their ranks are free to post). Under a memory budget, forwards
+// are admitted in deadline order: when the earliest open one does not fit, no later one
+// takes the room it waits for (a later forward would hold its bytes until its own backward,
+// long after the earlier one's consumer has stalled the pipeline).
 int Pass::PickForward(int r, double t, double gap, bool any_window) {
   auto& list = forwards_[r];
   size_t& first = first_open_[r];
@@ -301,7 +310,7 @@ int Pass::PickForward(int r, double t, double gap, bool any_window) {
     if (ForwardDone(task) || jobs_[task].rank != r) continue;
     ++seen;
     if (NextForward(task) > gap || (!any_window && !WindowOpen(task, t))) continue;
-    if (!any_window && OverBudget(r, PieceBytes(task, jobs_[task].f_next))) continue;
+    if (!any_window && OverBudget(r, PieceBytes(task, jobs_[task].f_next))) return kNone;
     return task;
   }
   return kNone;
@@ -1000,6 +1009,8 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
   // earlier alternative does not run.
   ListResult best;
   best.makespan_s = kInf;
+  best.alternative_s.assign(alternatives.size(), kInf);
+  best.room_bound.assign(alternatives.size(), 0);
   size_t best_index = alternatives.size();
   std::vector<Status> status(alternatives.size(), Status::Ok());
   std::vector<uint8_t> window_bound(alternatives.size(), 0);
@@ -1010,12 +1021,14 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
     mine.makespan_s = kInf;
     std::vector<double> deadline = text.due;
     double last = kInf;
+    bool room_bound = false;
     for (int k = 0; k < std::max(1, rules.passes); ++k) {
       Pass p(in, w, rules, deadline);
       status[a] = p.Run();
       if (!status[a].ok()) return;
       ++mine.passes;
       window_bound[a] |= p.window_bound();
+      room_bound |= p.room_bound();
       if (p.makespan() >= last) break;
       last = p.makespan();
       if (last < mine.makespan_s) {
@@ -1028,6 +1041,8 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
     }
     std::lock_guard<std::mutex> lock(mu);
     best.passes += mine.passes;
+    best.alternative_s[a] = mine.makespan_s;
+    best.room_bound[a] = room_bound;
     if (mine.makespan_s < best.makespan_s ||
         (mine.makespan_s == best.makespan_s && a < best_index)) {
       best_index = a;

@@ -110,6 +110,10 @@ struct ListResult {
   double makespan_s = 0;       // predicted end of the last text or vision op
   double text_makespan_s = 0;  // the same without vision work (pass 0)
   int passes = 0;              // passes run
+  // Per alternative: its best makespan (+inf where it did not run: a repeat, or a twin
+  // without windows whose windows never acted), and whether the memory room bound it.
+  std::vector<double> alternative_s;
+  std::vector<uint8_t> room_bound;
 };
 
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,

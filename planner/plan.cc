@@ -222,47 +222,72 @@ std::vector<double> EncoderRoom(const Config& c, const PipelineShape& shape,
   return room;
 }
 
+// Nested's alternatives: its rules, with Optimus's phases, and, when no window was asked
+// for, its budget alone without windows (with and without phases).
+std::vector<ListRules> NestedAlternatives(const Config& c, const ListInput& in) {
+  ListRules nested = RulesOf(c, ModalityPolicy::kNested, in);
+  std::vector<ListRules> all{nested};
+  nested.phases = true;
+  all.push_back(nested);
+  if (c.schedule.modality_window == 0) {
+    nested.window = nested.backward_window = 0;
+    all.push_back(nested);
+    nested.phases = false;
+    all.push_back(nested);
+  }
+  return all;
+}
+
 // The list-scheduled placement of a policy: the alternatives its rules allow, the shortest
 // predicted step kept. Nested may also keep Optimus's phases under its windows and budget,
 // and, when no window was asked for, let its budget alone bound the memory; bubble-fill
 // may use every placement nested may (so it is never slower where the room does not bind),
 // with or without moving tasks, with or without starting gangs only in common gaps, each
 // keeping every rank's encoder activations within `room` (EncoderRoom). `text`: the text-only pass.
+// `nested_s` (bubble-fill): nested's own predicted step on these images (its alternatives
+// without the room: the same runs where the room never acted, run again where it did).
 StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const ListInput& in,
                                  const ModalityWork& w, const TextTimeline& text,
-                                 const std::vector<double>& room) {
-  const ListRules rules = RulesOf(c, policy, in);
-  std::vector<ListRules> all{rules};
-  if (policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill) {
-    ListRules nested = RulesOf(c, ModalityPolicy::kNested, in);
-    all.push_back(nested);
-    nested.phases = true;
-    all.push_back(nested);
-    if (c.schedule.modality_window == 0) {
-      nested.window = nested.backward_window = 0;
-      all.push_back(nested);
-      nested.phases = false;
-      all.push_back(nested);
+                                 const std::vector<double>& room, double* nested_s = nullptr) {
+  std::vector<ListRules> all{RulesOf(c, policy, in)};
+  const std::vector<ListRules> nested = NestedAlternatives(c, in);
+  if (policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill)
+    all.insert(all.end(), nested.begin(), nested.end());
+  if (policy != ModalityPolicy::kBubbleFill) return ScheduleModality(in, w, all, text);
+  ListRules own = all[0];
+  own.steal = false;
+  all.push_back(own);
+  own.steal = true, own.fill_gangs = false;
+  all.push_back(own);
+  for (ListRules& r : all) r.memory_room_bytes = room;
+  ASSIGN_OR_RETURN(ListResult placed, ScheduleModality(in, w, all, text));
+  if (nested_s) {
+    const auto first = placed.room_bound.begin() + 1, last = first + nested.size();
+    if (std::none_of(first, last, [](uint8_t b) { return b != 0; })) {
+      const auto s = placed.alternative_s.begin() + 1;
+      *nested_s = *std::min_element(s, s + nested.size());
+    } else {
+      ASSIGN_OR_RETURN(const ListResult n, ScheduleModality(in, w, nested, text));
+      *nested_s = n.makespan_s;
     }
   }
-  if (policy == ModalityPolicy::kBubbleFill) {
-    ListRules own = rules;
-    own.steal = false;
-    all.push_back(own);
-    own.steal = true, own.fill_gangs = false;
-    all.push_back(own);
-    for (ListRules& r : all) r.memory_room_bytes = room;
-  }
-  return ScheduleModality(in, w, all, text);
+  return placed;
 }
+
+// The list scheduler's predictions of two placements can be misordered by this much (over
+// the multimodal seed configs under five schedules at 8 to 64 micro-batches, the largest
+// reversal seen was 0.2 %, between predictions 0.01 % apart).
+constexpr double kListMargin = 0.01;
 
 // `outputs`: per work id, the bytes of its forward's output that stay on the device for
 // their consumer (the encoder's output; not saved activations), where not zero.
+// `nested_close` (bubble-fill): set when nested's own placement is predicted within
+// kListMargin of the one kept, or faster (its rules without bubble-fill's room).
 Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch& batch,
                    const std::vector<StageOrder>& orders, const TextWorkload& tw,
                    const TextWorkIds& text_work, const std::vector<RankInfo>& ranks,
                    TableBuilder* b, std::vector<RankSeq>* seqs,
-                   std::unordered_map<WorkId, double>* outputs) {
+                   std::unordered_map<WorkId, double>* outputs, bool* nested_close) {
   const ModalityPolicy policy = c.schedule.modality;
   const bool decoupled = policy == ModalityPolicy::kDecoupled;
   // Nested, bubble-fill and optimus are placed by the list scheduler; the generator is
@@ -302,7 +327,8 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
                       c, shape, orders, tw, ranks,
                       in.bytes.empty() ? 0 : *std::max_element(in.bytes.begin(), in.bytes.end()))
                 : std::vector<double>{};
-        ASSIGN_OR_RETURN(ListResult placed, PlaceListed(c, policy, in, w, tl, room));
+        double nested_s = 0;
+        ASSIGN_OR_RETURN(ListResult placed, PlaceListed(c, policy, in, w, tl, room, &nested_s));
         if (timed_too) {
           // The same images placed on the stages where they can be hidden (the text-only
           // timeline's idle time), kept if the step is shorter.
@@ -316,6 +342,9 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
           if (tplaced.makespan_s < placed.makespan_s)
             w = std::move(timed_work), in = std::move(tin), placed = std::move(tplaced);
         }
+        if (nested_close)
+          *nested_close = policy == ModalityPolicy::kBubbleFill &&
+                          nested_s < placed.makespan_s * (1 + kListMargin);
         // The scheduler's working state (freed, partly in its threads' heaps) goes back
         // before the table is built; for large plans (text compute, SEND and RECV: about
         // three ops per text step).
@@ -453,7 +482,8 @@ StatusOr<Config> ConfigOfPlan(const Table& plan, const std::string& plan_path,
 
 namespace {
 
-StatusOr<Table> PlanOnce(const Config& c);
+// `nested_close`: see AddModality.
+StatusOr<Table> PlanOnce(const Config& c, bool* nested_close = nullptr);
 
 struct OpKeyHash {
   size_t operator()(const OpKey& k) const {
@@ -493,7 +523,7 @@ StatusOr<Predicted> PredictWithoutOffload(const Config& c) {
   return p;
 }
 
-StatusOr<Table> PlanOnce(const Config& c) {
+StatusOr<Table> PlanOnce(const Config& c, bool* nested_close) {
   const ParallelConfig& p = c.parallel;
   PipelineShape shape{p.pp, p.vp, p.dp, c.training.microbatches, PlacementOf(c.schedule.pipeline)};
   const PipelineKind pipeline = c.schedule.pipeline;
@@ -657,8 +687,8 @@ StatusOr<Table> PlanOnce(const Config& c) {
   std::unordered_map<WorkId, double> outputs;  // encoder outputs kept on the device
   if (!Multimodal(c)) seqs = ExpandStages(orders, shape, text_work);
   if (Multimodal(c)) {
-    RETURN_IF_ERROR(
-        AddModality(c, shape, batch, orders, tw, text_work, ranks, &b, &seqs, &outputs));
+    RETURN_IF_ERROR(AddModality(c, shape, batch, orders, tw, text_work, ranks, &b, &seqs, &outputs,
+                                nested_close));
     // FSDP: full gradients reduce-scattered over the job, full bf16 parameters gathered
     // before the step's first use. Replicated: the copy's gradients all-reduced over its
     // holders (reduce-scattered with ZeRO >= 1, the updated shards gathered after the
@@ -958,6 +988,32 @@ StatusOr<Config> WithLevels(const Config& c, const MemoryLevels& m) {
   return k;
 }
 
+// Bubble-fill may use every placement nested may, but under the room its ranks' memory
+// leaves them, and the list scheduler keeps the placement it predicts fastest; nested's own
+// placement can be faster (the room is a bound over the whole step, and binds where nested
+// fits), and the prediction can misorder close candidates (it does not model the receive a
+// transfer waits for, or NICs shared by transfers). So where nested's placement is
+// predicted faster or within kListMargin, bubble-fill's plan and nested's are both
+// simulated and the faster is kept, as bubble-fill's plan (a plan that fits the device
+// memory before one that does not; bubble-fill's own on a tie).
+StatusOr<Table> PlanPolicy(const Config& c) {
+  bool close = false;
+  ASSIGN_OR_RETURN(Table own, PlanOnce(c, &close));
+  if (!close) return own;
+  Config n = c;
+  n.schedule.modality = ModalityPolicy::kNested;
+  ASSIGN_OR_RETURN(Table nested, PlanOnce(n));
+  SimOptions o = SimOptionsFor(c);
+  o.exposure = false;
+  ASSIGN_OR_RETURN(const SimResult a, RunSimulation(own, o));
+  ASSIGN_OR_RETURN(const SimResult b, RunSimulation(nested, o));
+  const auto key = [](const Metrics& m) { return std::pair{m.oom, m.step_time_s}; };
+  if (key(b.metrics) >= key(a.metrics)) return own;
+  nested.mutable_meta().modality = own.meta().modality;
+  nested.mutable_meta().config_yaml = own.meta().config_yaml;
+  return nested;
+}
+
 struct Trial {
   Table table;
   Metrics metrics;
@@ -966,7 +1022,7 @@ struct Trial {
 
 StatusOr<Trial> TryLevels(const Config& c, const MemoryLevels& m, int* plans) {
   ASSIGN_OR_RETURN(Config k, WithLevels(c, m));
-  ASSIGN_OR_RETURN(Table t, PlanOnce(k));
+  ASSIGN_OR_RETURN(Table t, PlanPolicy(k));
   SimOptions o = SimOptionsFor(k);
   o.exposure = false;
   ASSIGN_OR_RETURN(SimResult r, RunSimulation(t, o));
@@ -1074,7 +1130,7 @@ StatusOr<Table> PlanAutoMemory(const Config& c, MemoryChoice* choice) {
 }  // namespace
 
 StatusOr<Table> BuildPlan(const Config& c, MemoryChoice* choice) {
-  if (!c.training.memory_auto) return PlanOnce(c);
+  if (!c.training.memory_auto) return PlanPolicy(c);
   return PlanAutoMemory(c, choice);
 }
 

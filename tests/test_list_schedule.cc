@@ -592,3 +592,63 @@ TEST_CASE("k3 at 256 GPUs: bubble-fill hides 90 % of the encoder, faster than ev
   for (const auto& [policy, m] : by)
     if (policy != "bubble-fill") CHECK(fill.step_time_s < m.step_time_s);
 }
+
+TEST_CASE("nested: under a tight budget, forwards are admitted in deadline order") {
+  // The understanding workload at 64 micro-batches, each rank allowed about 6 GiB of
+  // encoder activations (the default, 12 rounds of the mean task bytes and the largest
+  // task, is about 8 GiB; 6 GiB still holds the first stage's micro-batches in flight and
+  // two more rounds). A forward that does not fit waits for backwards to free memory; if a
+  // later, smaller forward took the freed room first, the earlier one would wait for that
+  // later one's backward, after its own consumer had stalled the pipeline. With forwards
+  // admitted in deadline order, the step stays within 8 % of the bound (the issue's target
+  // for nested); letting later forwards overtake gave 1.084 and 1.137 at these budgets.
+  const std::string cfg = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/qwen3_30b_a3b_vit.yaml";
+  for (std::string budget : {"6", "6.3"}) {
+    CAPTURE(budget);
+    auto c =
+        LoadConfig(cfg, {"training.microbatches=64", "schedule.modality_budget_gib=" + budget});
+    REQUIRE_MESSAGE(c.ok(), c.status().message());
+    Table t = Plan(*c);
+    auto r = RunSimulation(t, SimOptionsFor(*c));
+    REQUIRE_MESSAGE(r.ok(), r.status().message());
+    double piece = 0, peak = 0;
+    for (OpId i = 0; i < t.size(); ++i)
+      if (t.module(i) == Module::kVision && t.kind(i) == OpKind::kF)
+        piece = std::max(piece, t.work(i).mem_delta_bytes);
+    for (const RankMetrics& m : r->metrics.ranks) peak = std::max(peak, m.peak_by_module[1]);
+    CHECK(r->metrics.step_time_s <= 1.08 * r->metrics.lower_bound_s);
+    CHECK(peak <= std::stod(budget) * 1024 * 1024 * 1024 + piece);
+  }
+}
+
+TEST_CASE("bubble-fill is never slower than nested where the list scheduler misorders them") {
+  // Plans where the list scheduler predicted bubble-fill's own placement faster than
+  // nested's and the simulator timed it slower (by 1.1 to 3.0 %): the understanding
+  // workload under DualPipeV, the generation workload under interleaved 1F1B and ZB-H1,
+  // at 32 micro-batches. Bubble-fill keeps whichever of the two simulates faster, and
+  // says it is bubble-fill's plan.
+  const std::string dir = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"qwen3_30b_a3b_vit.yaml", {"schedule.pipeline=dualpipev", "parallelism.vp=2"}},
+      {"qwen3_30b_a3b_vit_mmdit20b.yaml",
+       {"schedule.pipeline=interleaved-1f1b", "parallelism.vp=2"}},
+      {"qwen3_30b_a3b_vit_mmdit20b.yaml", {"schedule.pipeline=zb-h1"}}};
+  for (const auto& [file, sets] : cases) {
+    CAPTURE(file);
+    CAPTURE(sets[0]);
+    std::map<std::string, double> step;
+    for (std::string policy : {"nested", "bubble-fill"}) {
+      std::vector<std::string> s = sets;
+      s.push_back("training.microbatches=32");
+      s.push_back("schedule.modality=" + policy);
+      auto c = LoadConfig(dir + file, s);
+      REQUIRE_MESSAGE(c.ok(), c.status().message());
+      Table t = Plan(*c);
+      CHECK(t.meta().modality == policy);
+      auto r = RunSimulation(t, SimOptionsFor(*c));
+      REQUIRE_MESSAGE(r.ok(), r.status().message());
+      step[policy] = r->metrics.step_time_s;
+    }
+    CHECK(step["bubble-fill"] <= step["nested"]);
+  }
+}
