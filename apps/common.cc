@@ -32,7 +32,7 @@ StatusOr<Input> LoadInput(const std::string& path, const std::vector<std::string
     MemoryChoice choice;
     ASSIGN_OR_RETURN(Table t, BuildPlan(c, &choice));
     std::optional<MemoryChoice> memory;
-    if (c.training.memory_auto) memory = std::move(choice);
+    if (c.training.memory_auto) c = WithChoice(std::move(c), choice), memory = std::move(choice);
     return Input{std::move(t), std::move(c), std::move(memory)};
   }
   // A plan's structure is fixed; only the hardware it is simulated on may change.

@@ -447,7 +447,7 @@ void ReadTraining(MapReader m, TrainingConfig* c) {
     if (classes.empty()) classes.push_back(one);
     for (int k : classes) *bits |= static_cast<uint8_t>(1 << k);
   }
-  constexpr std::string_view kPolicyNames[] = {"recompute", "fp8", "offload"};
+  constexpr std::string_view kPolicyNames[] = {"recompute", "fp8", "offload", "gradients"};
   int policy = 0;
   std::vector<int> policies;
   m.EnumOrList({"memory_policies"}, &policy, &policies, kPolicyNames);
@@ -455,6 +455,7 @@ void ReadTraining(MapReader m, TrainingConfig* c) {
   c->memory_recompute = std::count(policies.begin(), policies.end(), 0) > 0;
   c->memory_fp8 = std::count(policies.begin(), policies.end(), 1) > 0;
   c->memory_offload = std::count(policies.begin(), policies.end(), 2) > 0;
+  c->memory_gradients = std::count(policies.begin(), policies.end(), 3) > 0;
   if (m.Has({"memory_policies"}) && !c->memory_auto)
     m.ctx()->FailAt("training.memory_policies",
                     "'training.memory_policies' applies only with 'training.memory: auto'");

@@ -215,9 +215,11 @@ struct TrainingConfig {
   // training.memory: auto: the planner chooses recompute and storage per pipeline rank
   // (and of the encoder and generator) from the configured ones (none / bf16 where not
   // given) until the plan fits (planner/plan.h: BuildPlan), using the policies of
-  // training.memory_policies (recompute; fp8 and offload only when listed).
+  // training.memory_policies (recompute; fp8, offload and gradients only when listed;
+  // gradients: ZeRO-2, then host gradients, for the whole job).
   bool memory_auto = false;
   bool memory_recompute = true, memory_fp8 = false, memory_offload = false;
+  bool memory_gradients = false;
   int zero_stage =
       1;  // 0: none, 1: optimizer states, 2: + gradients (Megatron distributed optimizer = 1)
   bool sequence_parallel = true;  // Megatron sequence parallelism with TP

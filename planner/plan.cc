@@ -892,12 +892,36 @@ std::vector<MemoryMode> Ladder(const Config& c, MemoryMode start, bool fused, bo
 // then the encoder and the generator.
 struct MemoryLevels {
   std::vector<std::vector<MemoryMode>> ladders;
-  std::vector<int> at;
+  std::vector<GradMode> grad_ladder;  // the configured gradients first
+  std::vector<int> at;                // per ladder, then the gradient ladder's last
   int pp = 0;
   int vision() const { return pp; }
   int generator() const { return pp + 1; }
+  int gradients() const { return pp + 2; }
   MemoryMode mode(int item) const { return ladders[item][at[item]]; }
+  GradMode grad() const { return grad_ladder[at[gradients()]]; }
+  int size(int item) const {
+    return static_cast<int>(item == gradients() ? grad_ladder.size() : ladders[item].size());
+  }
 };
+
+// The gradient ladder (training.memory_policies: gradients): the configured gradients,
+// then ZeRO-2 (each micro-batch's gradients reduce-scattered as produced: 4 bytes per
+// parameter / dp on the GPU, plus two buckets), then host gradients (the GPU keeps two of
+// a chunk's fp32 gradients; the shards accumulate in host memory). A rung that does not
+// keep fewer bytes on this job (host gradients hold more than ZeRO-2's shard and buckets
+// when dp is large) is still tried: the search steps up only while a rank is out of
+// memory and keeps the lowest rung that fits. Both need dp > 1 and no overlap_grad_reduce.
+std::vector<GradMode> GradLadder(const Config& c) {
+  const TrainingConfig& t = c.training;
+  std::vector<GradMode> ladder{{t.zero_stage, t.grad_offload}};
+  if (!t.memory_gradients || c.parallel.dp < 2 || t.overlap_grad_reduce ||
+      t.microbatches >= TrainingConfig::kMaxGradMicroBatches)
+    return ladder;
+  if (t.zero_stage < 2) ladder.push_back({2, false});
+  if (!t.grad_offload) ladder.push_back({2, true});
+  return ladder;
+}
 
 MemoryLevels LevelsOf(const Config& c) {
   MemoryLevels m;
@@ -925,7 +949,8 @@ MemoryLevels LevelsOf(const Config& c) {
       Ladder(c, {g.recompute, g.saved_activations, g.offload}, true, false, [&](MemoryMode mode) {
         return SavedPerToken(mode.recompute, mode.storage, g.hidden, g.mlp, g.heads).kept;
       }));
-  m.at.assign(m.ladders.size(), 0);
+  m.grad_ladder = GradLadder(c);
+  m.at.assign(m.ladders.size() + 1, 0);
   return m;
 }
 
@@ -984,6 +1009,12 @@ StatusOr<Config> WithLevels(const Config& c, const MemoryLevels& m) {
                          &v.saved_activations, &v.offload));
   RETURN_IF_ERROR(module("generator", g.enabled, m.mode(m.generator()), &g.recompute,
                          &g.saved_activations, &g.offload));
+  if (m.grad() != m.grad_ladder[0]) {
+    k.training.zero_stage = m.grad().zero_stage, k.training.grad_offload = m.grad().host;
+    RETURN_IF_ERROR(doc.ApplySet(fmt::format("training.zero_stage={}", m.grad().zero_stage)));
+    doc.Erase("training.use_distributed_optimizer");  // says ZeRO-1; zero_stage now decides
+    if (m.grad().host) RETURN_IF_ERROR(doc.ApplySet("training.grad_offload=host"));
+  }
   k.resolved_yaml = YamlText(doc);
   return k;
 }
@@ -1042,14 +1073,15 @@ StatusOr<Trial> SearchLadders(const Config& c, const Trial& start, MemoryChoice*
     std::vector<bool> raised(items, false);
     for (size_t r = 0; r < cur.memory.size(); ++r) {
       if (!cur.memory[r].oom) continue;
-      const std::array<std::pair<int, int>, 3> owners = {
+      const std::array<std::pair<int, int>, 4> owners = {
           std::pair{static_cast<int>(cur.table.ranks()[r].pp), kActText},
-          std::pair{m.vision(), kActVision}, std::pair{m.generator(), kActGenerator}};
+          std::pair{m.vision(), kActVision}, std::pair{m.generator(), kActGenerator},
+          std::pair{m.gradients(), kGrads}};
       int best = -1;
       double best_bytes = 0;
       for (auto [item, cat] : owners) {
         const double bytes = cur.memory[r].at_peak[cat];
-        const bool can = m.at[item] + 1 < static_cast<int>(m.ladders[item].size());
+        const bool can = m.at[item] + 1 < m.size(item);
         if (bytes > best_bytes && can && !raised[item]) best = item, best_bytes = bytes;
       }
       if (best >= 0) raised[best] = true, ++m.at[best];
@@ -1081,6 +1113,8 @@ StatusOr<Trial> SearchLadders(const Config& c, const Trial& start, MemoryChoice*
   mc->text.clear();
   for (int r = 0; r < m.pp; ++r) mc->text.push_back(m.mode(r));
   mc->vision = m.mode(m.vision()), mc->generator = m.mode(m.generator());
+  mc->gradients = m.grad();
+  mc->gradients_searched = m.grad_ladder.size() > 1;
   mc->has_vision = c.model.vision.enabled, mc->has_generator = c.model.generator.enabled;
   mc->fits = !cur.metrics.oom;
   mc->step_s = cur.metrics.step_time_s;
@@ -1141,6 +1175,16 @@ std::string MemoryModeName(MemoryMode m) {
   return name;
 }
 
+Config WithChoice(Config c, const MemoryChoice& m) {
+  if (!c.training.memory_auto) return c;
+  c.training.zero_stage = m.gradients.zero_stage, c.training.grad_offload = m.gradients.host;
+  return c;
+}
+
+std::string GradModeName(GradMode g) {
+  return fmt::format("ZeRO-{}{}", g.zero_stage, g.host ? "+host" : "");
+}
+
 std::string MemoryChoiceText(const MemoryChoice& m) {
   std::string text;
   for (size_t r = 0; r < m.text.size(); ++r)
@@ -1148,6 +1192,7 @@ std::string MemoryChoiceText(const MemoryChoice& m) {
   std::string modules = fmt::format("LLM by pp rank [{}]", text);
   if (m.has_vision) modules += fmt::format(", vision {}", MemoryModeName(m.vision));
   if (m.has_generator) modules += fmt::format(", generator {}", MemoryModeName(m.generator));
+  if (m.gradients_searched) modules += fmt::format(", gradients {}", GradModeName(m.gradients));
   if (!m.fits)
     return fmt::format(
         "does not fit: {} (no module of a rank out of memory can save more) peaks at {:.2f} GiB of "
@@ -1167,6 +1212,7 @@ nlohmann::json MemoryChoiceJson(const MemoryChoice& m) {
   j["by_pp_rank"] = text;
   if (m.has_vision) j["vision"] = MemoryModeName(m.vision);
   if (m.has_generator) j["generator"] = MemoryModeName(m.generator);
+  if (m.gradients_searched) j["gradients"] = GradModeName(m.gradients);
   j["cost_model"] = "real";  // the search's, whatever the simulation's
   j["fits"] = m.fits;
   j["plans_simulated"] = m.plans;

@@ -19,9 +19,19 @@ std::string MemoryModeName(MemoryMode m);  // "full", "none+fp8", "selective+hos
 // What `training.memory: auto` chose: the mode of each pipeline rank's LLM layers and of
 // the encoder and generator, found by simulating candidate plans (see BuildPlan). Times in
 // seconds, memory in bytes per GPU (max over ranks).
+// Where the LLM's fp32 gradients live: ZeRO stage and host gradients (whole job).
+struct GradMode {
+  int zero_stage = 1;
+  bool host = false;
+  bool operator==(const GradMode&) const = default;
+};
+std::string GradModeName(GradMode g);  // "ZeRO-1", "ZeRO-2", "ZeRO-2+host"
+
 struct MemoryChoice {
   std::vector<MemoryMode> text;  // per pipeline rank
   MemoryMode vision, generator;
+  GradMode gradients;
+  bool gradients_searched = false;  // training.memory_policies lists gradients
   bool has_vision = false, has_generator = false;
   bool fits = false;
   int plans = 0;                                  // plans built and simulated by the search
@@ -38,12 +48,18 @@ nlohmann::json MemoryChoiceJson(const MemoryChoice& m);
 // fewer bytes: none, fp8 storage, full recompute, full + fp8 (plan.cc: Ladder; fp8 only
 // when training.memory_policies lists it). While a rank runs out of memory, the module
 // holding the most activation bytes at that rank's peak goes one step up and the plan is
-// simulated again; once it fits, each raised module is tried one step lower and kept there
+// simulated again (with `gradients` listed, the job's fp32 gradients are one more such
+// module: ZeRO-2, then host gradients, raised when they are the most bytes at the peak);
+// once it fits, each raised module is tried one step lower and kept there
 // if the plan still fits and is no slower, so no single module can step down without
 // running out of memory or slowing the step. The plan stores the chosen modes (and
 // `memory: manual`) in its config, so a re-plan of that config reproduces it. `choice`,
 // when given, receives the outcome.
 StatusOr<Table> BuildPlan(const Config& config, MemoryChoice* choice = nullptr);
+// `config` as its plan was built under memory: auto: with the gradients the search chose
+// (they set static memory, which the simulator takes from the config; the activation
+// modes are in the table).
+Config WithChoice(Config config, const MemoryChoice& choice);
 
 // Ranks of a config: (replica d, stage s) -> rank d*pp + s with GPU placement in
 // Megatron's tp-cp-dp-pp order.

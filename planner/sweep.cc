@@ -29,9 +29,10 @@ void RunPoint(const std::string& path, const std::vector<std::string>& sets,
     all.push_back(fmt::format("{}={}", axes[a].key, p->values[a]));
   auto config = LoadConfig(path, all);
   if (!config.ok()) return void(p->error = FirstLine(config.status().message()));
-  auto table = BuildPlan(*config);
+  MemoryChoice choice;
+  auto table = BuildPlan(*config, &choice);
   if (!table.ok()) return void(p->error = FirstLine(table.status().message()));
-  auto sim = RunSimulation(*table, SimOptionsFor(*config));
+  auto sim = RunSimulation(*table, SimOptionsFor(WithChoice(*config, choice)));
   if (!sim.ok()) return void(p->error = FirstLine(sim.status().message()));
   p->metrics = std::move(sim->metrics);
   p->metrics.critical_path.clear();

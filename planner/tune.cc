@@ -258,7 +258,10 @@ void Bound(const Config& k, PipelineKind kind, ShapeWork* shape, TunePoint* p) {
     const int g0 = GlobalStage(placement, par.pp, 0, s);
     head += seconds(tw.f[g0]), tail += input_grad(g0);
     const double shard = par.dp;
-    const double grads = t.grad_offload ? 0 : 4 * params / (t.zero_stage >= 2 ? shard : 1);
+    // memory: auto with gradients may move them to ZeRO-2 or to host memory.
+    const bool movable = t.memory_auto && t.memory_gradients && par.dp > 1;
+    const double grads =
+        t.grad_offload || movable ? 0 : 4 * params / (t.zero_stage >= 2 ? shard : 1);
     const double optimizer = (t.muon ? 8 : 12) * params / (t.zero_stage >= 1 ? shard : 1);
     p->memory_bound_bytes =
         std::max(p->memory_bound_bytes,
@@ -408,14 +411,15 @@ class ResultsWriter {
 };
 
 void Simulate(const Config& k, double capacity, TunePoint* p) {
-  auto table = BuildPlan(k);
+  MemoryChoice choice;
+  auto table = BuildPlan(k, &choice);
   if (!table.ok()) {  // a schedule's own rules (micro-batches per stage) refuse it: invalid
     const bool refused = table.status().code() == ErrorCode::kInvalidInput;
     p->state = refused ? TuneState::kInvalid : TuneState::kFailed;
     p->error = FirstLine(table.status().message());
     return;
   }
-  auto sim = RunSimulation(*table, SimOptionsFor(k));
+  auto sim = RunSimulation(*table, SimOptionsFor(WithChoice(k, choice)));
   if (!sim.ok()) {
     p->state = TuneState::kFailed, p->error = FirstLine(sim.status().message());
     return;

@@ -642,3 +642,64 @@ TEST_CASE("memory: auto stores a config that loads when the search leaves a refi
   CHECK(stored->training.offload_modules == 0);
   CHECK(stored->training.fp8_modules == 0);
 }
+
+TEST_CASE("memory: auto with gradients: ZeRO-2 where the fp32 gradients are what does not fit") {
+  // configs/small_text.yaml with tp 1 (pp 4 x dp 2, vp 2). Rank 0 holds layers 0-1 and 8-9
+  // and the embedding: 4 x (4 h^2 + 3 h ffn + 2 h) + vocab x h = 271,073,280 parameters.
+  // Its fp32 gradients: 4 bytes each under ZeRO-1 (1.084 GB); under ZeRO-2 a 1/dp shard
+  // plus two buckets of 40e6 parameters (the default grad_bucket_size; a chunk holds
+  // more): 542,146,560 + 320,000,000 = 862,146,560 bytes. With the HBM between the full
+  // recompute plans' peaks under ZeRO-1 and ZeRO-2, recompute alone cannot fit it.
+  const double params = 4 * (4 * 2048.0 * 2048 + 3 * 2048.0 * 5632 + 2 * 2048) + 32000 * 2048.0;
+  const double zero2_grads = 4 * params / 2 + 2 * 40e6 * 4;
+  const std::string cfg = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/small_text.yaml";
+  auto peak = [&](std::vector<std::string> sets) {
+    sets.push_back("parallelism.tp=1");
+    auto c = LoadConfig(cfg, sets);
+    REQUIRE_MESSAGE(c.ok(), c.status().message());
+    return Simulated(*c, Plan(*c)).peak_memory_bytes;
+  };
+  const double zero1 = peak({"training.recompute=full"});
+  const double zero2 = peak({"training.recompute=full", "training.zero_stage=2"});
+  REQUIRE(zero2 < zero1);
+  const std::string hbm = fmt::format("cluster.hardware.hbm_bytes={}", (zero1 + zero2) / 2);
+
+  auto search = [&](const std::string& policies, MemoryChoice* choice) {
+    auto c = LoadConfig(cfg, {"parallelism.tp=1", hbm, "training.memory=auto",
+                              "training.memory_policies=" + policies});
+    REQUIRE_MESSAGE(c.ok(), c.status().message());
+    auto t = BuildPlan(*c, choice);
+    REQUIRE_MESSAGE(t.ok(), t.status().message());
+    auto r = RunSimulation(*t, SimOptionsFor(WithChoice(*c, *choice)));
+    REQUIRE_MESSAGE(r.ok(), r.status().message());
+    return std::pair{std::move(*t), std::move(*r)};
+  };
+  MemoryChoice alone;
+  search("recompute", &alone);
+  CHECK(!alone.fits);
+  CHECK(!alone.gradients_searched);
+
+  MemoryChoice choice;
+  auto [table, sim] = search("[recompute, gradients]", &choice);
+  REQUIRE(choice.fits);
+  CHECK(choice.gradients_searched);
+  CHECK(choice.gradients == GradMode{2, false});
+  CHECK(!sim.metrics.oom);
+  CHECK(sim.metrics.peak_memory_bytes == doctest::Approx(choice.peak_bytes));
+  CHECK(sim.memory[0].peak_by_cat[kGrads] == doctest::Approx(zero2_grads));
+  CHECK(MemoryChoiceText(choice).find("gradients ZeRO-2:") != std::string::npos);
+  CHECK(MemoryChoiceJson(choice)["gradients"] == "ZeRO-2");
+
+  // The plan's config says so; the same activation modes under ZeRO-1 do not fit.
+  auto stored = ConfigOfPlan(table, "plan.pb");
+  REQUIRE_MESSAGE(stored.ok(), stored.status().message());
+  CHECK(stored->training.zero_stage == 2);
+  CHECK(!stored->training.grad_offload);
+  CHECK(Simulated(*stored, Plan(*stored)).peak_memory_bytes == doctest::Approx(choice.peak_bytes));
+  auto doc = YamlDoc::FromString("stored.yaml", table.meta().config_yaml);
+  REQUIRE(doc.ok());
+  REQUIRE(doc->ApplySet("training.zero_stage=1").ok());
+  auto one = ParseConfig(std::move(*doc));
+  REQUIRE_MESSAGE(one.ok(), one.status().message());
+  CHECK(Simulated(*one, Plan(*one)).oom);
+}
