@@ -71,8 +71,8 @@ Command MakePlanCommand() {
         if (prefix == "-") return Report(InvalidInput("chakra: -o names a file prefix, not -"));
         // Compute durations from the cost model (no contention: a network simulator such as
         // ASTRA-sim times the communication itself).
-        auto written =
-            WriteChakraTraces(*table, prefix, SimOptionsFor(*config).cost.Durations(*table));
+        auto written = WriteChakraTraces(
+            *table, prefix, SimOptionsFor(WithChoice(*config, memory)).cost.Durations(*table));
         if (!written.ok()) return Report(written.status());
         wrote = fmt::format("{}.<rank>.et ({} files, {:.1f} MiB)", prefix, table->num_ranks(),
                             *written / 1048576.0);

@@ -898,6 +898,15 @@ void CheckConsistency(Config* c, Ctx* ctx) {
                        fmt::format("'training.precision: fp8' needs an FP8 rate; {} has none "
                                    "(set cluster.hardware.fp8_flops)",
                                    c->cluster.spec.name));
+  if (t.memory_auto && t.memory_gradients) {
+    if (p.dp < 2)
+      return ctx->FailAt("training.memory_policies",
+                         "'gradients' (ZeRO-2, host gradients) needs data parallelism (dp > 1)");
+    if (t.overlap_grad_reduce)
+      return ctx->FailAt("training.memory_policies",
+                         "'gradients' (ZeRO-2, host gradients) does not go with "
+                         "'training.overlap_grad_reduce'");
+  }
   if (t.grad_offload) {
     auto fail = [&](const std::string& why) {
       return ctx->FailAt("training.grad_offload",

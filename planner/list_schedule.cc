@@ -298,9 +298,10 @@ bool Pass::WindowOpen(int task, double t) const {
 
 // The unplaced forward on r with the earliest deadline whose window is open at t and that
 // fits `gap` (gangs: all of their ranks are free to post). Under a memory budget, forwards
-// are admitted in deadline order: when the earliest open one does not fit, no later one
-// takes the room it waits for (a later forward would hold its bytes until its own backward,
-// long after the earlier one's consumer has stalled the pipeline).
+// are admitted in deadline order: when the earliest open one that fits the gap does not fit
+// the memory, no later one takes the room it waits for (a later forward would hold its
+// bytes until its own backward, long after the earlier one's consumer has stalled the
+// pipeline). Bubble-fill's moves of forwards to ranks in a gap (Steal) check the room only.
 int Pass::PickForward(int r, double t, double gap, bool any_window) {
   auto& list = forwards_[r];
   size_t& first = first_open_[r];
@@ -1066,6 +1067,7 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
   RunParallel(second.size(), [&](size_t i) { run(second[i]); });
   for (size_t i : second) RETURN_IF_ERROR(status[i]);
   best.text_makespan_s = text.end;
+  best.alternative = static_cast<int>(best_index);
   return best;
 }
 

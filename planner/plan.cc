@@ -245,10 +245,12 @@ std::vector<ListRules> NestedAlternatives(const Config& c, const ListInput& in) 
 // with or without moving tasks, with or without starting gangs only in common gaps, each
 // keeping every rank's encoder activations within `room` (EncoderRoom). `text`: the text-only pass.
 // `nested_s` (bubble-fill): nested's own predicted step on these images (its alternatives
-// without the room: the same runs where the room never acted, run again where it did).
+// without the room: the same runs where the room never acted, run again where it did);
+// `nested_kept`: the placement kept is nested's own (one of those runs, the room idle).
 StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const ListInput& in,
                                  const ModalityWork& w, const TextTimeline& text,
-                                 const std::vector<double>& room, double* nested_s = nullptr) {
+                                 const std::vector<double>& room, double* nested_s = nullptr,
+                                 bool* nested_kept = nullptr) {
   std::vector<ListRules> all{RulesOf(c, policy, in)};
   const std::vector<ListRules> nested = NestedAlternatives(c, in);
   if (policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill)
@@ -263,7 +265,11 @@ StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const L
   ASSIGN_OR_RETURN(ListResult placed, ScheduleModality(in, w, all, text));
   if (nested_s) {
     const auto first = placed.room_bound.begin() + 1, last = first + nested.size();
-    if (std::none_of(first, last, [](uint8_t b) { return b != 0; })) {
+    const bool idle = std::none_of(first, last, [](uint8_t b) { return b != 0; });
+    if (nested_kept)
+      *nested_kept = idle && placed.alternative >= 1 &&
+                     placed.alternative < 1 + static_cast<int>(nested.size());
+    if (idle) {
       const auto s = placed.alternative_s.begin() + 1;
       *nested_s = *std::min_element(s, s + nested.size());
     } else {
@@ -328,7 +334,9 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
                       in.bytes.empty() ? 0 : *std::max_element(in.bytes.begin(), in.bytes.end()))
                 : std::vector<double>{};
         double nested_s = 0;
-        ASSIGN_OR_RETURN(ListResult placed, PlaceListed(c, policy, in, w, tl, room, &nested_s));
+        bool nested_kept = false;
+        ASSIGN_OR_RETURN(ListResult placed,
+                         PlaceListed(c, policy, in, w, tl, room, &nested_s, &nested_kept));
         if (timed_too) {
           // The same images placed on the stages where they can be hidden (the text-only
           // timeline's idle time), kept if the step is shorter.
@@ -339,11 +347,13 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
           ListInput tin = ListInputOf(c, shape, orders, tw, ranks, timed_work, sharded);
           tin.bounds = PieceBounds(c, tin);
           ASSIGN_OR_RETURN(ListResult tplaced, PlaceListed(c, policy, tin, timed_work, tl, room));
-          if (tplaced.makespan_s < placed.makespan_s)
+          if (tplaced.makespan_s < placed.makespan_s) {
             w = std::move(timed_work), in = std::move(tin), placed = std::move(tplaced);
+            nested_kept = false;
+          }
         }
         if (nested_close)
-          *nested_close = policy == ModalityPolicy::kBubbleFill &&
+          *nested_close = policy == ModalityPolicy::kBubbleFill && !nested_kept &&
                           nested_s < placed.makespan_s * (1 + kListMargin);
         // The scheduler's working state (freed, partly in its threads' heaps) goes back
         // before the table is built; for large plans (text compute, SEND and RECV: about
@@ -907,17 +917,16 @@ struct MemoryLevels {
 
 // The gradient ladder (training.memory_policies: gradients): the configured gradients,
 // then ZeRO-2 (each micro-batch's gradients reduce-scattered as produced: 4 bytes per
-// parameter / dp on the GPU, plus two buckets), then host gradients (the GPU keeps two of
-// a chunk's fp32 gradients; the shards accumulate in host memory). A rung that does not
-// keep fewer bytes on this job (host gradients hold more than ZeRO-2's shard and buckets
-// when dp is large) is still tried: the search steps up only while a rank is out of
-// memory and keeps the lowest rung that fits. Both need dp > 1 and no overlap_grad_reduce.
+// parameter / dp on the GPU, plus two buckets; from ZeRO-0 it shards the optimizer states
+// too), then host gradients (the GPU keeps two of a chunk's fp32 gradients; the shards
+// accumulate in host memory). A rung that does not keep fewer bytes on this job (host
+// gradients hold more than ZeRO-2's shard and buckets when dp is large) is still there:
+// the search steps up only while a rank is out of memory and keeps the lowest rung that
+// fits. The config rules refuse `gradients` without dp > 1 or with overlap_grad_reduce.
 std::vector<GradMode> GradLadder(const Config& c) {
   const TrainingConfig& t = c.training;
   std::vector<GradMode> ladder{{t.zero_stage, t.grad_offload}};
-  if (!t.memory_gradients || c.parallel.dp < 2 || t.overlap_grad_reduce ||
-      t.microbatches >= TrainingConfig::kMaxGradMicroBatches)
-    return ladder;
+  if (!GradientsMovable(c)) return ladder;
   if (t.zero_stage < 2) ladder.push_back({2, false});
   if (!t.grad_offload) ladder.push_back({2, true});
   return ladder;
@@ -1067,7 +1076,7 @@ StatusOr<Trial> SearchLadders(const Config& c, const Trial& start, MemoryChoice*
   MemoryLevels m = LevelsOf(c);
   const int items = static_cast<int>(m.at.size());
   Trial cur = start;
-  // Raise: for each rank out of memory, the module with the most activation bytes at its
+  // Raise: for each rank out of memory, the module (or the gradients) with the most bytes at its
   // peak that can still go up its ladder (each module at most one step per round).
   while (cur.metrics.oom) {
     std::vector<bool> raised(items, false);
@@ -1173,6 +1182,12 @@ std::string MemoryModeName(MemoryMode m) {
   if (m.storage == ActStorage::kFp8) name += "+fp8";
   if (m.place != ActPlace::kDevice) name += fmt::format("+{}", ActPlaceName(m.place));
   return name;
+}
+
+bool GradientsMovable(const Config& c) {
+  const TrainingConfig& t = c.training;
+  return t.memory_auto && t.memory_gradients && c.parallel.dp > 1 && !t.overlap_grad_reduce &&
+         t.microbatches < TrainingConfig::kMaxGradMicroBatches;
 }
 
 Config WithChoice(Config c, const MemoryChoice& m) {

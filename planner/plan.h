@@ -16,9 +16,6 @@ struct MemoryMode {
 };
 std::string MemoryModeName(MemoryMode m);  // "full", "none+fp8", "selective+host", ...
 
-// What `training.memory: auto` chose: the mode of each pipeline rank's LLM layers and of
-// the encoder and generator, found by simulating candidate plans (see BuildPlan). Times in
-// seconds, memory in bytes per GPU (max over ranks).
 // Where the LLM's fp32 gradients live: ZeRO stage and host gradients (whole job).
 struct GradMode {
   int zero_stage = 1;
@@ -27,11 +24,14 @@ struct GradMode {
 };
 std::string GradModeName(GradMode g);  // "ZeRO-1", "ZeRO-2", "ZeRO-2+host"
 
+// What `training.memory: auto` chose: the mode of each pipeline rank's LLM layers and of
+// the encoder and generator, and the gradients, found by simulating candidate plans (see
+// BuildPlan). Times in seconds, memory in bytes per GPU (max over ranks).
 struct MemoryChoice {
   std::vector<MemoryMode> text;  // per pipeline rank
   MemoryMode vision, generator;
   GradMode gradients;
-  bool gradients_searched = false;  // training.memory_policies lists gradients
+  bool gradients_searched = false;  // the gradients had a rung above the configured one
   bool has_vision = false, has_generator = false;
   bool fits = false;
   int plans = 0;                                  // plans built and simulated by the search
@@ -60,6 +60,8 @@ StatusOr<Table> BuildPlan(const Config& config, MemoryChoice* choice = nullptr);
 // (they set static memory, which the simulator takes from the config; the activation
 // modes are in the table).
 Config WithChoice(Config config, const MemoryChoice& choice);
+// Whether memory: auto may move the LLM's fp32 gradients (ZeRO-2, host gradients).
+bool GradientsMovable(const Config& config);
 
 // Ranks of a config: (replica d, stage s) -> rank d*pp + s with GPU placement in
 // Megatron's tp-cp-dp-pp order.

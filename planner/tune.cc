@@ -258,11 +258,13 @@ void Bound(const Config& k, PipelineKind kind, ShapeWork* shape, TunePoint* p) {
     const int g0 = GlobalStage(placement, par.pp, 0, s);
     head += seconds(tw.f[g0]), tail += input_grad(g0);
     const double shard = par.dp;
-    // memory: auto with gradients may move them to ZeRO-2 or to host memory.
-    const bool movable = t.memory_auto && t.memory_gradients && par.dp > 1;
+    // memory: auto with gradients may move them to ZeRO-2 (which shards the optimizer
+    // states too) or to host memory.
+    const bool movable = GradientsMovable(k);
     const double grads =
         t.grad_offload || movable ? 0 : 4 * params / (t.zero_stage >= 2 ? shard : 1);
-    const double optimizer = (t.muon ? 8 : 12) * params / (t.zero_stage >= 1 ? shard : 1);
+    const double optimizer =
+        (t.muon ? 8 : 12) * params / (t.zero_stage >= 1 || movable ? shard : 1);
     p->memory_bound_bytes =
         std::max(p->memory_bound_bytes,
                  2 * params + grads + optimizer + so.memory.reserve_bytes + first_act);

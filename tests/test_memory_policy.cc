@@ -674,6 +674,12 @@ TEST_CASE("memory: auto with gradients: ZeRO-2 where the fp32 gradients are what
     REQUIRE_MESSAGE(r.ok(), r.status().message());
     return std::pair{std::move(*t), std::move(*r)};
   };
+  // Without data parallelism there is nothing to shard: an error naming the key.
+  auto dp1 = LoadConfig(cfg, {"training.memory=auto", "training.memory_policies=gradients"});
+  REQUIRE(!dp1.ok());
+  CHECK(dp1.status().message().find("training.memory_policies") != std::string::npos);
+  CHECK(dp1.status().message().find("needs data parallelism (dp > 1)") != std::string::npos);
+
   MemoryChoice alone;
   search("recompute", &alone);
   CHECK(!alone.fits);
