@@ -1174,7 +1174,32 @@ StatusOr<Table> PlanAutoMemory(const Config& c, MemoryChoice* choice) {
 
 StatusOr<Table> BuildPlan(const Config& c, MemoryChoice* choice) {
   if (!c.training.memory_auto) return PlanPolicy(c);
-  return PlanAutoMemory(c, choice);
+  MemoryChoice own;
+  ASSIGN_OR_RETURN(Table t, PlanAutoMemory(c, &own));
+  // Bubble-fill may use every placement nested may, under any modes: nested's own search
+  // (its greedy path can differ) is run too and its plan kept, as bubble-fill's, where it
+  // fits when bubble-fill's does not or is faster. Its start is bubble-fill's.
+  if (c.schedule.modality == ModalityPolicy::kBubbleFill && Multimodal(c)) {
+    Config n = c;
+    n.schedule.modality = ModalityPolicy::kNested;
+    MemoryChoice nested;
+    ASSIGN_OR_RETURN(Table nt, PlanAutoMemory(n, &nested));
+    const int plans = own.plans + nested.plans;
+    const bool better = nested.fits != own.fits ? nested.fits
+                        : nested.fits           ? nested.step_s < own.step_s
+                                                : nested.peak_bytes < own.peak_bytes;
+    if (better) {
+      ASSIGN_OR_RETURN(YamlDoc doc, YamlDoc::FromString(c.source, nt.meta().config_yaml));
+      RETURN_IF_ERROR(doc.ApplySet("schedule.modality=bubble-fill"));
+      nt.mutable_meta().modality = t.meta().modality;
+      nt.mutable_meta().config_yaml = YamlText(doc).str();
+      nested.start_step_s = own.start_step_s, nested.start_peak_bytes = own.start_peak_bytes;
+      own = nested, t = std::move(nt);
+    }
+    own.plans = plans;
+  }
+  if (choice) *choice = own;
+  return t;
 }
 
 std::string MemoryModeName(MemoryMode m) {

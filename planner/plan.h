@@ -53,8 +53,9 @@ nlohmann::json MemoryChoiceJson(const MemoryChoice& m);
 // once it fits, each raised module is tried one step lower and kept there
 // if the plan still fits and is no slower, so no single module can step down without
 // running out of memory or slowing the step. The plan stores the chosen modes (and
-// `memory: manual`) in its config, so a re-plan of that config reproduces it. `choice`,
-// when given, receives the outcome.
+// `memory: manual`) in its config, so a re-plan of that config reproduces it. Under
+// bubble-fill the search also runs with nested's placement and keeps the better plan (it
+// fits, or is faster), as bubble-fill's. `choice`, when given, receives the outcome.
 StatusOr<Table> BuildPlan(const Config& config, MemoryChoice* choice = nullptr);
 // `config` as its plan was built under memory: auto: with the gradients the search chose
 // (they set static memory, which the simulator takes from the config; the activation
