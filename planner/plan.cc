@@ -639,10 +639,11 @@ StatusOr<Table> PlanOnce(const Config& c, bool* nested_close) {
     // the GPU's shard, plus Newton-Schulz (bf16 GEMMs) on the matrices it owns; the cp GPUs
     // of a rank hold the same matrices and split their owners.
     std::vector<MuonCost> muon(c.training.muon ? shape.vp : 0);
-    double on_muon = 0, ns_flops = 0;
+    double on_muon = 0, ns_flops = 0, tp_sharded = 0;
     for (int ch = 0; ch < static_cast<int>(muon.size()); ++ch) {
       muon[ch] = MuonOfStage(c, p.stages[shape.global(ch, s)]);
       on_muon += muon[ch].params_per_gpu / text_shard, ns_flops += muon[ch].ns_flops_per_gpu;
+      tp_sharded += muon[ch].tp_sharded_per_gpu;
     }
     auto step = [&](double adam_params, double muon_params, double ns) {
       Work w;
@@ -653,25 +654,38 @@ StatusOr<Table> PlanOnce(const Config& c, bool* nested_close) {
     };
     // Each owner needs its matrices whole: the fp32 momentum-updated gradients of the
     // GPU's shards. all_gather: all of them on every GPU, one buffer of the whole stage
-    // (freed by the step). p2p: per model chunk, only the matrices it owns (a 1/dp share: an
-    // all-to-all over the DP group) into a buffer that the updates sent back leave; Adam's
-    // step first, then each chunk's Newton-Schulz while the next chunk's matrices arrive.
+    // (freed by the step): the GPU's shards over the DP group, then the TP-split matrices'
+    // other tp - 1 shards from the TP peers (tp x their bytes held). p2p: per model chunk,
+    // only the matrices it owns into a buffer that the updates sent back leave, in two
+    // legs: an all-to-all over the DP group brings each GPU its shard of the matrices its
+    // TP group owns (a 1/dp share of its shards), then one over the TP group gives each
+    // owner the other tp - 1 shards of its TP-split matrices ((tp - 1) / tp of its 1/dp
+    // share of them), the updates going back the same way; Adam's step first, then each
+    // chunk's Newton-Schulz while the next chunk's matrices arrive. The TP leg runs over
+    // NVLink inside the collective (Work::tp_bytes); with dp 1 there is no DP exchange and
+    // the step itself carries the TP legs (their time; the buffer is not counted).
     const bool exchange = c.training.muon && p.dp > 1;
     const bool pipelined = exchange && !c.training.muon_all_gather;
+    const double tp_rest = (p.tp - 1.0) / p.tp;
+    const int tp_calls = p.tp > 1 ? 1 : 0;
     Work opt = step(params - on_muon, pipelined ? 0 : on_muon, pipelined ? 0 : ns_flops);
-    if (exchange && !pipelined) opt.mem_delta_bytes = -4 * ranks[s].muon_params;
+    if (c.training.muon && p.dp == 1)
+      opt.tp_bytes = 2 * 4 * tp_sharded * tp_rest, opt.tp_calls = 2 * tp_calls;
+    Work all;  // all_gather
+    all.payload_bytes = 4 * ranks[s].muon_params;
+    all.tp_bytes = 4 * tp_sharded * (p.tp - 1), all.tp_calls = tp_calls;
+    all.mem_delta_bytes = all.payload_bytes + all.tp_bytes;
+    if (exchange && !pipelined) opt.mem_delta_bytes = -all.mem_delta_bytes;
     sync.opt_step.push_back(b.AddWork(opt));
     sync.muon_gather.emplace_back(), sync.muon_step.emplace_back();
     sync.muon_scatter.emplace_back();
-    if (exchange && !pipelined) {
-      Work gather;
-      gather.payload_bytes = gather.mem_delta_bytes = 4 * ranks[s].muon_params;
-      sync.muon_gather[s].push_back(b.AddWork(gather));
-    }
+    if (exchange && !pipelined) sync.muon_gather[s].push_back(b.AddWork(all));
     for (size_t ch = 0; pipelined && ch < muon.size(); ++ch) {
       Work gather, back;
       gather.payload_bytes = gather.mem_delta_bytes = 4 * muon[ch].params_per_gpu / p.dp;
-      back.payload_bytes = gather.payload_bytes, back.mem_delta_bytes = -gather.payload_bytes;
+      gather.tp_bytes = 4 * muon[ch].tp_sharded_per_gpu / p.dp * tp_rest;
+      gather.tp_calls = tp_calls;
+      back = gather, back.mem_delta_bytes = -gather.mem_delta_bytes;
       sync.muon_gather[s].push_back(b.AddWork(gather));
       sync.muon_step[s].push_back(
           b.AddWork(step(0, muon[ch].params_per_gpu / text_shard, muon[ch].ns_flops_per_gpu)));

@@ -413,9 +413,10 @@ MuonCost MuonOfStage(const Config& c, const StageSpan& span) {
   const double kv = static_cast<double>(l.kv_heads) * l.head_dim, up = l.gated_ffn ? 2 : 1;
   MuonCost m;
   // `held`: the fraction of one m x n matrix a GPU holds (a count for whole experts).
-  auto add = [&](double rows, double cols, double held) {
+  auto add = [&](double rows, double cols, double held, bool tp_sharded = true) {
     const double lo = std::min(rows, cols), hi = std::max(rows, cols);
     m.params_per_gpu += held * rows * cols;
+    if (tp_sharded) m.tp_sharded_per_gpu += held * rows * cols;
     m.ns_flops_per_gpu +=
         held * c.training.muon_ns_steps * (4 * lo * lo * hi + 2 * lo * lo * lo) / p.dp;
   };
@@ -424,8 +425,9 @@ MuonCost MuonOfStage(const Config& c, const StageSpan& span) {
     add(q, h, 1.0 / p.tp);
     if (IsMoeLayer(l, layer)) {
       const double fe = l.moe.expert_ffn;
-      for (double held : {double(l.moe.experts) / p.ep, double(l.moe.shared_experts) / p.tp})
-        add(h, up * fe, held), add(fe, h, held);
+      const double routed = double(l.moe.experts) / p.ep, shared = l.moe.shared_experts;
+      add(h, up * fe, routed, false), add(fe, h, routed, false);
+      add(h, up * fe, shared / p.tp), add(fe, h, shared / p.tp);
     } else {
       add(h, up * l.ffn, 1.0 / p.tp), add(l.ffn, h, 1.0 / p.tp);
     }

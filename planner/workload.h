@@ -96,9 +96,12 @@ TextWorkload BuildTextWorkload(const Config& c, StagePlacement placement);
 // `muon_ns_steps` quintic iterations on the whole m x n matrix (m <= n): X X^T (2 m^2 n),
 // b A + c A^2 (2 m^3), B X (2 m^2 n). Each matrix is owned by one of the GPUs that hold a
 // shard of it, the owners spread evenly: a GPU's share is the fraction of each matrix it
-// holds divided by the dp replicas that hold the same.
+// holds divided by the dp replicas that hold the same. `tp_sharded_per_gpu`: of
+// `params_per_gpu`, those of matrices split over the TP group (attention, dense FFN, shared
+// experts; routed experts are held whole by their EP rank): their owners also need the
+// other tp - 1 shards, from their TP peers.
 struct MuonCost {
-  double params_per_gpu = 0, ns_flops_per_gpu = 0;
+  double params_per_gpu = 0, ns_flops_per_gpu = 0, tp_sharded_per_gpu = 0;
 };
 MuonCost MuonOfStage(const Config& c, const StageSpan& span);
 // The same with the placement of the config's schedule.

@@ -39,7 +39,7 @@ CostModel::Parts CostModel::ComputeParts(const Work& w, int gpus, int tp, int ep
   const double nvl = s.nvlink_bw * s.nvlink_efficiency, nic = s.nic_bw * s.nic_efficiency;
   if (w.tp_calls > 0)
     t += fold_across_nodes ? w.tp_calls * s.inter_latency_s + w.tp_bytes / nic
-                           : w.tp_calls * s.intra_latency_s + w.tp_bytes / nvl;
+                           : NvlinkFoldSeconds(w);
   if (w.ep_calls > 0 && ep > 1) {
     // EP group: ep GPUs, `tp` apart; k of them share a node. Bytes to peers on the same
     // node go over NVLink, the rest over the NIC, in parallel.
@@ -73,11 +73,14 @@ double CostModel::CopySeconds(double bytes) const {
 }
 
 double CostModel::P2PSeconds(const Work& w, bool same_node) const {
-  double t = P2PSeconds(w.payload_bytes, same_node);
-  if (w.tp_calls > 0)  // scatter/gather: the receivers' all-gather over NVLink
-    t += w.tp_calls * spec_.intra_latency_s +
+  // Scatter/gather: the receivers' all-gather over NVLink.
+  return P2PSeconds(w.payload_bytes, same_node) + NvlinkFoldSeconds(w);
+}
+
+double CostModel::NvlinkFoldSeconds(const Work& w) const {
+  if (w.tp_calls <= 0) return 0;
+  return w.tp_calls * spec_.intra_latency_s +
          w.tp_bytes / (spec_.nvlink_bw * spec_.nvlink_efficiency);
-  return t;
 }
 
 double CostModel::CollectiveSeconds(OpKind kind, double bytes, int n, int per_node,
@@ -146,7 +149,8 @@ std::vector<double> CostModel::Durations(const Table& t) const {
     } else if (IsCollective(k)) {
       auto [n, most, nodes] = groups[t.peer(i)];
       d[i] = CollectiveSeconds(k, w.payload_bytes, n, most, nodes);
-    } else if (IsCopy(k)) {  // host memory, or another rank's over NVLink or the NIC
+      d[i] += NvlinkFoldSeconds(w);  // a leg over the TP group (Muon's owners)
+    } else if (IsCopy(k)) {          // host memory, or another rank's over NVLink or the NIC
       d[i] = t.peer(i) < 0 ? CopySeconds(w.payload_bytes)
                            : P2PSeconds(w.payload_bytes, ranks[t.peer(i)].node == r.node);
     } else if (t.grouped(i)) {  // a gang: its gather-KV runs at the group's tier

@@ -51,6 +51,8 @@ class CostModel {
   double CollectiveSeconds(OpKind kind, double bytes, int n, int per_node, int nodes) const;
 
  private:
+  // A collective over the TP group folded into an op (Work::tp_bytes, tp_calls): NVLink.
+  double NvlinkFoldSeconds(const Work& w) const;
   bool unit_ = false;
   GpuSpec spec_;
 };

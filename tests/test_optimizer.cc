@@ -183,3 +183,54 @@ TEST_CASE("muon: its weights keep one fp32 momentum, not Adam's two moments") {
   REQUIRE(pb.ok());
   CHECK(*pb == t);
 }
+
+TEST_CASE("muon over TP: each owner also takes the other TP shards of its matrices") {
+  // tp 2 (16 GPUs on one node): every matrix of SmallConfig's model is split over the TP
+  // group, so an owner's matrices are whole only with its TP peer's halves.
+  const std::vector<std::string> tp2{"parallelism.tp=2", "cluster.gpus_per_node=16"};
+  std::vector<std::string> naive_sets = tp2;
+  naive_sets.push_back("training.muon_gather=all_gather");
+  const Config p2p = Muon(tp2), naive = Muon(naive_sets);
+  const MuonCost m = MuonOfStage(p2p, p2p.parallel.stages[0]);
+  const double whole = 2 * (256 * 768 + 256 * 256 + 256 * 2048 + 1024 * 256);  // 2 layers
+  CHECK(m.params_per_gpu == whole / 2);
+  CHECK(m.tp_sharded_per_gpu == whole / 2);
+  const Table tp = Plan(p2p), tn = Plan(naive);
+  REQUIRE(ValidatePlan(tp).ok());
+  REQUIRE(ValidatePlan(tn).ok());
+  // p2p: the DP leg brings the GPU its half of the matrices its TP group owns (1/dp of its
+  // shards, fp32); the TP leg gives each owner the other half of its own: 4 x whole / 2 /
+  // dp / tp x (tp - 1) bytes, both ways.
+  const std::vector<OpId> a = Ops(tp, 0, Module::kOptimizer);
+  REQUIRE(a.size() == 4);
+  const double dp_leg = 4 * (whole / 2) / 2, tp_leg = 4 * (whole / 2) / 2 * 0.5;
+  for (OpId i : {a[0], a[3]}) {
+    CHECK(tp.work(i).payload_bytes == dp_leg);
+    CHECK(tp.work(i).tp_bytes == tp_leg);
+    CHECK(tp.work(i).tp_calls == 1);
+  }
+  // Times (one node, NVLink at 450 GB/s x 0.80, 8 us per call): the DP all-to-all's
+  // (n - 1) / n of its bytes, then the TP leg's.
+  auto r = RunSimulation(tp, SimOptionsFor(p2p));
+  REQUIRE(r.ok());
+  const double nvl = 450e9 * 0.8;
+  CHECK(r->durations[a[0]] == doctest::Approx(8e-6 + 0.5 * dp_leg / nvl + 8e-6 + tp_leg / nvl));
+  // all_gather: every matrix whole on every GPU, its own half over DP then the other half
+  // from the TP peer: twice the shard's bytes held until the step.
+  const std::vector<OpId> g = Ops(tn, 0, Module::kOptimizer);
+  REQUIRE(g.size() == 2);
+  CHECK(tn.work(g[0]).payload_bytes == 4 * whole / 2);
+  CHECK(tn.work(g[0]).tp_bytes == 4 * whole / 2);
+  auto n = RunSimulation(tn, SimOptionsFor(naive));
+  REQUIRE(n.ok());
+  double host = 0;
+  const double states =
+      StaticMemory(tn.ranks()[0], 1, 0, SimOptionsFor(naive).memory, &host)[kOptimizer];
+  CHECK(n->memory[0].peak_by_cat[kOptimizer] == doctest::Approx(states + 4 * whole));
+  // Routed experts are held whole by their EP rank: no TP leg for them.
+  const Config moe = Muon({"parallelism.tp=2", "cluster.gpus_per_node=16",
+                           "model.llm.moe={experts: 4, top_k: 2, expert_ffn: 512}"});
+  const MuonCost e = MuonOfStage(moe, moe.parallel.stages[0]);
+  const double experts = 2 * 4 * (256 * 1024 + 512 * 256);  // 2 layers, gated up + down
+  CHECK(e.params_per_gpu - e.tp_sharded_per_gpu == experts);
+}
