@@ -327,16 +327,52 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         const bool timed_too =
             policy == ModalityPolicy::kBubbleFill && !w.vision.empty() && TimedPlacementFits(c);
         ASSIGN_OR_RETURN(TextTimeline tl, ScheduleText(in));
-        const std::vector<double> room =
-            policy == ModalityPolicy::kBubbleFill
-                ? EncoderRoom(
-                      c, shape, orders, tw, ranks,
-                      in.bytes.empty() ? 0 : *std::max_element(in.bytes.begin(), in.bytes.end()))
-                : std::vector<double>{};
+        auto room_for = [&](const ListInput& x) {
+          return policy == ModalityPolicy::kBubbleFill
+                     ? EncoderRoom(
+                           c, shape, orders, tw, ranks,
+                           x.bytes.empty() ? 0 : *std::max_element(x.bytes.begin(), x.bytes.end()))
+                     : std::vector<double>{};
+        };
+        const std::vector<double> room = room_for(in);
         double nested_s = 0;
         bool nested_kept = false;
         ASSIGN_OR_RETURN(ListResult placed,
                          PlaceListed(c, policy, in, w, tl, room, &nested_s, &nested_kept));
+        if (std::any_of(w.vision.begin(), w.vision.end(),
+                        [](const VisionTask& t) { return !t.gang_ranks.empty(); })) {
+          // Dynamic CP splits an image over ranks where its shard time says so, but a gang
+          // waits for all of its ranks, each between its own text ops: the same images
+          // without gangs (split only over a rank's own GPUs) are placed too, and kept
+          // where the step is shorter.
+          Config no_gangs = c;
+          no_gangs.model.vision.cp_max_group =
+              std::min(c.model.vision.cp_max_group, c.parallel.tp * c.parallel.cp);
+          ModalityWork whole = BuildModalityWork(no_gangs, batch, pool, false);
+          ListInput win = ListInputOf(c, shape, orders, tw, ranks, whole, sharded);
+          win.bounds = PieceBounds(c, win);
+          const std::vector<double> whole_room = room_for(win);
+          // A probe with the policy's own rules first (alternative 0 of the search): the
+          // whole search runs only where they place these images sooner than the gangs.
+          ListRules own = RulesOf(c, policy, win);
+          if (policy == ModalityPolicy::kBubbleFill) own.memory_room_bytes = whole_room;
+          ASSIGN_OR_RETURN(const ListResult probe,
+                           ScheduleModality(win, whole, std::vector<ListRules>{own}, tl));
+          constexpr double kNever = std::numeric_limits<double>::infinity();
+          double whole_nested_s = kNever;
+          bool whole_nested_kept = false;
+          ListResult wplaced;
+          wplaced.makespan_s = kNever;
+          if (probe.makespan_s < placed.alternative_s[0]) {
+            ASSIGN_OR_RETURN(wplaced, PlaceListed(c, policy, win, whole, tl, whole_room,
+                                                  &whole_nested_s, &whole_nested_kept));
+          }
+          nested_s = std::min(nested_s, whole_nested_s);
+          if (wplaced.makespan_s < placed.makespan_s) {
+            w = std::move(whole), in = std::move(win), placed = std::move(wplaced);
+            nested_kept = whole_nested_kept;
+          }
+        }
         if (timed_too) {
           // The same images placed on the stages where they can be hidden (the text-only
           // timeline's idle time), kept if the step is shorter.
@@ -346,7 +382,8 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
           ModalityWork timed_work = BuildModalityWork(c, batch, timed, false);
           ListInput tin = ListInputOf(c, shape, orders, tw, ranks, timed_work, sharded);
           tin.bounds = PieceBounds(c, tin);
-          ASSIGN_OR_RETURN(ListResult tplaced, PlaceListed(c, policy, tin, timed_work, tl, room));
+          ASSIGN_OR_RETURN(ListResult tplaced,
+                           PlaceListed(c, policy, tin, timed_work, tl, room_for(tin)));
           if (tplaced.makespan_s < placed.makespan_s) {
             w = std::move(timed_work), in = std::move(tin), placed = std::move(tplaced);
             nested_kept = false;
