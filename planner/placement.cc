@@ -46,10 +46,15 @@ std::vector<VisionPlacement> PlaceVisionInline(const PipelineShape& s, const Mod
 std::vector<VisionPlacement> PlaceVisionDecoupled(const PipelineShape&, const ModalityWork& w,
                                                   bool recompute) {
   // On the ranks dynamic CP chose (balanced over the job): all forwards before the rank's
-  // first text op, all backwards after its last one.
+  // first text op, all backwards after its last one. A gang waits for all of its ranks:
+  // its forward shards come first on each rank (every rank starts there at once), its
+  // backward shards last (ranks end their text at different times; their own tasks fill
+  // the wait), in the job's order of gangs.
   std::vector<VisionPlacement> out;
-  for (const VisionTask& t : w.vision)
+  for (const VisionTask& t : w.vision) {
     out.push_back({t.rank, Before(OpKind::kF, 0, 0), End(), recompute});
+    if (!t.gang_ranks.empty()) out.back().f_at = -1, out.back().b_at = 1;
+  }
   return out;
 }
 
