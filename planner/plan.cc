@@ -280,6 +280,15 @@ StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const L
   return placed;
 }
 
+// Whether two sizings of the same images made the same vision tasks (ranks, gangs, work).
+bool SameVisionTasks(const ModalityWork& a, const ModalityWork& b) {
+  return std::equal(a.vision.begin(), a.vision.end(), b.vision.begin(), b.vision.end(),
+                    [](const VisionTask& x, const VisionTask& y) {
+                      return x.rank == y.rank && x.gang_ranks == y.gang_ranks &&
+                             x.f.flops == y.f.flops && x.f.attn_flops == y.f.attn_flops;
+                    });
+}
+
 // The list scheduler's predictions of two placements can be misordered by this much (over
 // the multimodal seed configs under five schedules at 8 to 64 micro-batches, the largest
 // reversal seen was 0.2 %, between predictions 0.01 % apart).
@@ -339,38 +348,43 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         bool nested_kept = false;
         ASSIGN_OR_RETURN(ListResult placed,
                          PlaceListed(c, policy, in, w, tl, room, &nested_s, &nested_kept));
-        if (std::any_of(w.vision.begin(), w.vision.end(),
-                        [](const VisionTask& t) { return !t.gang_ranks.empty(); })) {
-          // Dynamic CP splits an image over ranks where its shard time says so, but a gang
-          // waits for all of its ranks, each between its own text ops: the same images
-          // without gangs (split only over a rank's own GPUs) are placed too, and kept
-          // where the step is shorter.
-          Config no_gangs = c;
-          no_gangs.model.vision.cp_max_group =
-              std::min(c.model.vision.cp_max_group, c.parallel.tp * c.parallel.cp);
-          ModalityWork whole = BuildModalityWork(no_gangs, batch, pool, false);
-          ListInput win = ListInputOf(c, shape, orders, tw, ranks, whole, sharded);
-          win.bounds = PieceBounds(c, win);
-          const std::vector<double> whole_room = room_for(win);
-          // A probe with the policy's own rules first (alternative 0 of the search): the
-          // whole search runs only where they place these images sooner than the gangs.
-          ListRules own = RulesOf(c, policy, win);
-          if (policy == ModalityPolicy::kBubbleFill) own.memory_room_bytes = whole_room;
+        // Dynamic CP sizes the images by their shard times, which say nothing of what a
+        // gang costs in the pipeline (each of its ranks reaches it between its own text
+        // ops; the first waits for the others) or of how evenly the ranks' encoder work
+        // then falls. Two other sizings of the same images are placed too and kept where
+        // the step is shorter: K3's rule alone (the round's per-GPU share as the target,
+        // not raised to the latency budget: more gangs) and no gangs (images split only
+        // over a rank's own GPUs). A probe with the policy's own rules (alternative 0 of
+        // the search) comes first; the search runs on a sizing only where the probe beats
+        // the best of those rules so far.
+        std::vector<std::pair<Config, VisionPool>> sizings;
+        VisionPool k3_rule = pool;
+        k3_rule.latency_budget_s = 0;
+        sizings.push_back({c, k3_rule});
+        sizings.push_back({c, pool});
+        sizings.back().first.model.vision.cp_max_group =
+            std::min(c.model.vision.cp_max_group, c.parallel.tp * c.parallel.cp);
+        double own_best = placed.alternative_s[0];
+        for (const auto& [sized_config, sized_pool] : sizings) {
+          ModalityWork other = BuildModalityWork(sized_config, batch, sized_pool, false);
+          if (SameVisionTasks(other, w)) continue;
+          ListInput oin = ListInputOf(c, shape, orders, tw, ranks, other, sharded);
+          oin.bounds = PieceBounds(c, oin);
+          const std::vector<double> oroom = room_for(oin);
+          ListRules own = RulesOf(c, policy, oin);
+          if (policy == ModalityPolicy::kBubbleFill) own.memory_room_bytes = oroom;
           ASSIGN_OR_RETURN(const ListResult probe,
-                           ScheduleModality(win, whole, std::vector<ListRules>{own}, tl));
-          constexpr double kNever = std::numeric_limits<double>::infinity();
-          double whole_nested_s = kNever;
-          bool whole_nested_kept = false;
-          ListResult wplaced;
-          wplaced.makespan_s = kNever;
-          if (probe.makespan_s < placed.alternative_s[0]) {
-            ASSIGN_OR_RETURN(wplaced, PlaceListed(c, policy, win, whole, tl, whole_room,
-                                                  &whole_nested_s, &whole_nested_kept));
-          }
-          nested_s = std::min(nested_s, whole_nested_s);
-          if (wplaced.makespan_s < placed.makespan_s) {
-            w = std::move(whole), in = std::move(win), placed = std::move(wplaced);
-            nested_kept = whole_nested_kept;
+                           ScheduleModality(oin, other, std::vector<ListRules>{own}, tl));
+          if (probe.makespan_s >= own_best) continue;
+          own_best = probe.makespan_s;
+          double other_nested_s = 0;
+          bool other_nested_kept = false;
+          ASSIGN_OR_RETURN(ListResult oplaced, PlaceListed(c, policy, oin, other, tl, oroom,
+                                                           &other_nested_s, &other_nested_kept));
+          nested_s = std::min(nested_s, other_nested_s);
+          if (oplaced.makespan_s < placed.makespan_s) {
+            w = std::move(other), in = std::move(oin), placed = std::move(oplaced);
+            nested_kept = other_nested_kept;
           }
         }
         if (timed_too) {
