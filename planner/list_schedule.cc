@@ -1012,6 +1012,7 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
   best.makespan_s = kInf;
   best.alternative_s.assign(alternatives.size(), kInf);
   best.room_bound.assign(alternatives.size(), 0);
+  best.first_pass_s.assign(alternatives.size(), kInf);
   size_t best_index = alternatives.size();
   std::vector<Status> status(alternatives.size(), Status::Ok());
   std::vector<uint8_t> window_bound(alternatives.size(), 0);
@@ -1030,6 +1031,7 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
       ++mine.passes;
       window_bound[a] |= p.window_bound();
       room_bound |= p.room_bound();
+      if (k == 0) best.first_pass_s[a] = p.makespan();  // each alternative its own slot
       if (p.makespan() >= last) break;
       last = p.makespan();
       if (last < mine.makespan_s) {

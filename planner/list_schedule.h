@@ -114,7 +114,8 @@ struct ListResult {
   // without windows whose windows never acted), and whether the memory room bound it.
   std::vector<double> alternative_s;
   std::vector<uint8_t> room_bound;
-  int alternative = -1;  // the one kept
+  std::vector<double> first_pass_s;  // per alternative: its first pass's makespan (+inf: none)
+  int alternative = -1;              // the one kept
 };
 
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,

@@ -60,7 +60,8 @@ struct GradSyncWorks {
   // overlap_param_gather: the all-gathers open the step (they fetch the parameters the
   // previous step's optimizer updated) and each chunk's first forward waits for its own.
   bool gather_first = false;
-  // Muon, per pp rank (empty lists: Adam or dp 1), over the DP group. muon_kind all-gather:
+  // Muon, per pp rank (empty lists: Adam or dp 1, where the optimizer step carries the TP
+  // legs' time), over the DP group with a TP leg folded in (Work::tp_bytes). muon_kind all-gather:
   // one gather of the whole buffer (muon_gather[s][0]) before the optimizer step. All-to-all
   // (targeted p2p), per model chunk c: the gather of the matrices the GPU owns
   // (muon_gather[s][c]), their Newton-Schulz step (muon_step[s][c], OPT_STEP of chunk c,

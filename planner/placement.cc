@@ -103,7 +103,7 @@ Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const 
   struct Ins {
     size_t pos;
     int slot;
-    double at;  // planned start (list-scheduled policies), else 0
+    double at;  // planned start (list-scheduled policies), else an order key (decoupled)
     size_t seq;
     PendingOp op;
   };

@@ -30,7 +30,9 @@ struct VisionPlacement {
   int rank = 0;
   Anchor f, b;
   bool recompute = false;     // RECOMPUTE right before the backward (decoupled DEP)
-  double f_at = 0, b_at = 0;  // planned start, s: orders modality ops at one anchor
+  // Planned start, s (list-scheduled policies; decoupled: an order key, gangs -1 / +1):
+  // orders modality ops at one anchor.
+  double f_at = 0, b_at = 0;
   // Layer-group pieces (ModalityWork's piece works, in layer order), each placed on
   // `rank`; empty = the task runs whole.
   struct Piece {

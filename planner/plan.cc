@@ -354,30 +354,66 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         // then falls. Two other sizings of the same images are placed too and kept where
         // the step is shorter: K3's rule alone (the round's per-GPU share as the target,
         // not raised to the latency budget: more gangs) and no gangs (images split only
-        // over a rank's own GPUs). A probe with the policy's own rules (alternative 0 of
-        // the search) comes first; the search runs on a sizing only where the probe beats
-        // the best of those rules so far.
-        std::vector<std::pair<Config, VisionPool>> sizings;
+        // over a rank's own GPUs); a sizing that makes the same tasks as one before is
+        // skipped. A probe comes first: one pass of the policy's own rules (alternative 0
+        // of the search; deadlines from the text-only timeline); the search runs on a
+        // sizing only where the probe beats that first pass on the sizings before.
+        std::vector<std::pair<int, VisionPool>> sizings;  // (cp_max_group, pool)
         VisionPool k3_rule = pool;
         k3_rule.latency_budget_s = 0;
-        sizings.push_back({c, k3_rule});
-        sizings.push_back({c, pool});
-        sizings.back().first.model.vision.cp_max_group =
-            std::min(c.model.vision.cp_max_group, c.parallel.tp * c.parallel.cp);
-        double own_best = placed.alternative_s[0];
-        for (const auto& [sized_config, sized_pool] : sizings) {
-          ModalityWork other = BuildModalityWork(sized_config, batch, sized_pool, false);
-          if (SameVisionTasks(other, w)) continue;
+        sizings.push_back({c.model.vision.cp_max_group, k3_rule});
+        sizings.push_back(
+            {std::min(c.model.vision.cp_max_group, c.parallel.tp * c.parallel.cp), pool});
+        auto first_pass = [&](ListRules r, const ListInput& x,
+                              const ModalityWork& xw) -> StatusOr<double> {
+          r.passes = 1;
+          ASSIGN_OR_RETURN(const ListResult one,
+                           ScheduleModality(x, xw, std::vector<ListRules>{r}, tl));
+          return one.makespan_s;
+        };
+        const bool bubble = policy == ModalityPolicy::kBubbleFill;
+        constexpr double kNever = std::numeric_limits<double>::infinity();
+        double own_best = placed.first_pass_s[0];
+        // Bubble-fill also probes nested's rules (without its room): nested, planned on
+        // its own, may keep a sizing bubble-fill's probe rejects, and bubble-fill's plan is
+        // compared with nested's prediction.
+        double nested_best = kNever;
+        if (bubble) {
+          ASSIGN_OR_RETURN(nested_best, first_pass(RulesOf(c, ModalityPolicy::kNested, in), in, w));
+        }
+        std::vector<ModalityWork> seen{w};
+        for (const auto& [cp_max_group, sized_pool] : sizings) {
+          Config sized = c;
+          sized.model.vision.cp_max_group = cp_max_group;
+          ModalityWork other = BuildModalityWork(sized, batch, sized_pool, false);
+          if (std::any_of(seen.begin(), seen.end(),
+                          [&](const ModalityWork& x) { return SameVisionTasks(x, other); }))
+            continue;
+          seen.push_back(other);
           ListInput oin = ListInputOf(c, shape, orders, tw, ranks, other, sharded);
           oin.bounds = PieceBounds(c, oin);
           const std::vector<double> oroom = room_for(oin);
+          // Larger tasks than any rank has room for: out of memory where the images as
+          // first sized were not.
+          if (bubble && oroom.empty() && !room.empty()) continue;
           ListRules own = RulesOf(c, policy, oin);
-          if (policy == ModalityPolicy::kBubbleFill) own.memory_room_bytes = oroom;
-          ASSIGN_OR_RETURN(const ListResult probe,
-                           ScheduleModality(oin, other, std::vector<ListRules>{own}, tl));
-          if (probe.makespan_s >= own_best) continue;
-          own_best = probe.makespan_s;
-          double other_nested_s = 0;
+          if (bubble) own.memory_room_bytes = oroom;
+          ASSIGN_OR_RETURN(const double own_probe, first_pass(own, oin, other));
+          double nested_probe = kNever;
+          if (bubble) {
+            ASSIGN_OR_RETURN(nested_probe,
+                             first_pass(RulesOf(c, ModalityPolicy::kNested, oin), oin, other));
+          }
+          if (own_probe >= own_best && nested_probe >= nested_best) continue;
+          nested_best = std::min(nested_best, nested_probe);
+          if (own_probe >= own_best) {  // only nested's prediction can change
+            ASSIGN_OR_RETURN(const ListResult n,
+                             ScheduleModality(oin, other, NestedAlternatives(c, oin), tl));
+            nested_s = std::min(nested_s, n.makespan_s);
+            continue;
+          }
+          own_best = own_probe;
+          double other_nested_s = kNever;
           bool other_nested_kept = false;
           ASSIGN_OR_RETURN(ListResult oplaced, PlaceListed(c, policy, oin, other, tl, oroom,
                                                            &other_nested_s, &other_nested_kept));
@@ -720,11 +756,13 @@ StatusOr<Table> PlanOnce(const Config& c, bool* nested_close) {
     const double tp_rest = (p.tp - 1.0) / p.tp;
     const int tp_calls = p.tp > 1 ? 1 : 0;
     Work opt = step(params - on_muon, pipelined ? 0 : on_muon, pipelined ? 0 : ns_flops);
-    if (c.training.muon && p.dp == 1)
-      opt.tp_bytes = 2 * 4 * tp_sharded * tp_rest, opt.tp_calls = 2 * tp_calls;
     Work all;  // all_gather
     all.payload_bytes = 4 * ranks[s].muon_params;
     all.tp_bytes = 4 * tp_sharded * (p.tp - 1), all.tp_calls = tp_calls;
+    if (c.training.muon && p.dp == 1) {
+      opt.tp_bytes = c.training.muon_all_gather ? all.tp_bytes : 2 * 4 * tp_sharded * tp_rest;
+      opt.tp_calls = (c.training.muon_all_gather ? 1 : 2) * tp_calls;
+    }
     all.mem_delta_bytes = all.payload_bytes + all.tp_bytes;
     if (exchange && !pipelined) opt.mem_delta_bytes = -all.mem_delta_bytes;
     sync.opt_step.push_back(b.AddWork(opt));
