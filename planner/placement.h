@@ -29,7 +29,7 @@ struct Anchor {
 struct VisionPlacement {
   int rank = 0;
   Anchor f, b;
-  bool recompute = false;     // RECOMPUTE right before the backward (decoupled DEP)
+  bool recompute = false;  // RECOMPUTE right before the backward (decoupled DEP)
   // Planned start, s (list-scheduled policies; decoupled: an order key, gangs -1 / +1):
   // orders modality ops at one anchor.
   double f_at = 0, b_at = 0;
