@@ -331,8 +331,12 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
     case ModalityPolicy::kBubbleFill:
     case ModalityPolicy::kOptimus:
       if (!w.vision.empty() || sharded) {
-        ListInput in = ListInputOf(c, shape, orders, tw, ranks, w, sharded);
-        in.bounds = PieceBounds(c, in);
+        auto input_of = [&](const ModalityWork& x) {
+          ListInput xin = ListInputOf(c, shape, orders, tw, ranks, x, sharded);
+          xin.bounds = PieceBounds(c, xin);
+          return xin;
+        };
+        ListInput in = input_of(w);
         const bool timed_too =
             policy == ModalityPolicy::kBubbleFill && !w.vision.empty() && TimedPlacementFits(c);
         ASSIGN_OR_RETURN(TextTimeline tl, ScheduleText(in));
@@ -390,8 +394,7 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
                           [&](const ModalityWork& x) { return SameVisionTasks(x, other); }))
             continue;
           seen.push_back(other);
-          ListInput oin = ListInputOf(c, shape, orders, tw, ranks, other, sharded);
-          oin.bounds = PieceBounds(c, oin);
+          ListInput oin = input_of(other);
           const std::vector<double> oroom = room_for(oin);
           // Larger tasks than any rank has room for: out of memory where the images as
           // first sized were not.
@@ -430,8 +433,7 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
           VisionPool timed = pool;
           timed.timeline = &tl;
           ModalityWork timed_work = BuildModalityWork(c, batch, timed, false);
-          ListInput tin = ListInputOf(c, shape, orders, tw, ranks, timed_work, sharded);
-          tin.bounds = PieceBounds(c, tin);
+          ListInput tin = input_of(timed_work);
           ASSIGN_OR_RETURN(ListResult tplaced,
                            PlaceListed(c, policy, tin, timed_work, tl, room_for(tin)));
           if (tplaced.makespan_s < placed.makespan_s) {
