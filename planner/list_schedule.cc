@@ -107,6 +107,7 @@ class Pass {
   double RunBackward(int task, double start);
   // `urgent`: a forward due or a backward overdue, or the fallback when every rank waits.
   bool TryGang(int r, int gang, bool urgent);
+  std::pair<int, bool> GangBackfill(int r, int g, double t, double until);
   // Whether r's next text op, ready at t, ends before gang g could start (its other
   // members are busy until then): running the text first costs the gang nothing, so r
   // leaves the gang for later and decides as if it were not there. `initiate`: r would
@@ -208,7 +209,11 @@ class Pass {
   // a gang's ranks are one stage of different replicas).
   std::vector<std::vector<std::pair<int, int>>> follow_;
   using Released = std::pair<double, int>;  // (release time, task)
-  std::vector<std::priority_queue<Released, std::vector<Released>, std::greater<>>> released_;
+  // Earliest release first; its items can be read in any order (GangBackfill).
+  struct ReleasedQueue : std::priority_queue<Released, std::vector<Released>, std::greater<>> {
+    const std::vector<Released>& items() const { return c; }
+  };
+  std::vector<ReleasedQueue> released_;
   std::vector<int> outstanding_;     // per (d, mb): vision forwards not yet placed
   std::vector<double> arrival_;      // per (d, mb): last vision output's arrival
   std::vector<int> consumer_tasks_;  // CSR per (d, mb): tasks
@@ -576,6 +581,12 @@ bool Pass::Decide(int r) {
     const int g = jobs_[task].gang;
     if (g != kNone) {
       const int gang = backward ? g + 1 : g;
+      if (const auto [solo, solo_backward] = GangBackfill(r, gang, t, text_left ? ready : kInf);
+          solo != kNone) {
+        free_[r] = t + (solo_backward ? RunBackward(solo, t) : RunForward(solo, r, t));
+        Push(r);
+        return true;
+      }
       return !TextFirst(r, gang, t, true) && TryGang(r, gang, urgent);
     }
     free_[r] = t + (backward ? RunBackward(task, t) : RunForward(task, r, t));
@@ -623,6 +634,40 @@ bool Pass::Decide(int r) {
   }
   Park(r);
   return false;
+}
+
+// With gang `g` next on r at t: work of r's own (no gang) that ends before g could start
+// (its other members are busy until then) and by `until` (r's next text op): running it
+// first costs the gang nothing. The longest released backward, else the forward with the
+// earliest deadline whose window is open (as the phases allow, within the memory budget);
+// (task, backward), or kNone.
+std::pair<int, bool> Pass::GangBackfill(int r, int g, double t, double until) {
+  double latest = 0;
+  for (int task : gangs_[g].tasks) {
+    const int q = jobs_[task].rank;
+    if (q != r) latest = std::max(latest, free_[q]);
+  }
+  const double room = std::min(until, latest) - t;
+  if (room <= 0) return {kNone, false};
+  int best = kNone;
+  double longest = 0;
+  if (BackwardPhase(r))
+    for (const auto& [release, task] : released_[r].items()) {
+      if (release > t || jobs_[task].gang != kNone || BackwardDone(task)) continue;
+      const double dur = NextBackward(task);
+      if (dur <= room && dur > longest) best = task, longest = dur;
+    }
+  if (best != kNone || !ForwardPhase(r)) return {best, true};
+  const auto& list = forwards_[r];
+  for (size_t k = first_open_[r], seen = 0; k < list.size() && seen < kScan; ++k) {
+    const int task = list[k];
+    if (ForwardDone(task) || jobs_[task].rank != r || jobs_[task].gang != kNone) continue;
+    ++seen;
+    if (NextForward(task) > room || !WindowOpen(task, t)) continue;
+    if (OverBudget(r, PieceBytes(task, jobs_[task].f_next))) break;
+    return {task, false};
+  }
+  return {kNone, false};
 }
 
 // Parks r; remembers it for the fallback if it holds work it could run.

@@ -517,6 +517,32 @@ TEST_CASE("list scheduler: a rank runs its ready text before a gang its partner 
   CHECK(r->makespan_s == doctest::Approx(9.5));
 }
 
+TEST_CASE("list scheduler: a rank runs its own backward while a gang waits for its partner") {
+  // pp = 2, m = 2 (TwoStages: r0 F0 [0,1] F1 [1,2] B0 [4,6] B1 [7,9]; r1 F0 [1,2] B0 [2,4]
+  // F1 [4,5] B1 [5,7]), forwards of no time. Micro-batch 0's encoder gradients are released
+  // when r0's B0 ends, at 6: a gang over r0 and r1 (2.5 s shards: too long for r0's gap
+  // [6, 7]) and a 1.5 s backward of r1's own. By hand: r0 runs B1 [7, 9]; r1, done with its
+  // text at 7, cannot start the gang before r0 is free at 9, so it runs its own backward
+  // first [7, 8.5]; the gang runs [9, 11.5]. Posting the gang at 7 would leave r1 idle
+  // until 9 and end its own backward at 13.
+  ListInput in = TwoStages();
+  ModalityWork w;
+  AddGang(&w, 0, 0);
+  VisionTask own;
+  own.d = 0, own.mb = 0, own.rank = 1, own.task = 1;
+  w.vision.push_back(own);
+  in.vf_s = {0, 0, 0}, in.vb_s = {2.5, 2.5, 1.5}, in.out_s = {0, 0, 0};
+  ListRules rules;
+  rules.passes = 1;
+  auto r = ScheduleModality(in, w, rules);
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  REQUIRE(r->vision.size() == 3);
+  CHECK(r->vision[2].b_at == doctest::Approx(7));
+  CHECK(r->vision[0].b_at == doctest::Approx(9));
+  CHECK(r->vision[1].b_at == doctest::Approx(9));
+  CHECK(r->makespan_s == doctest::Approx(11.5));
+}
+
 TEST_CASE("list scheduler: a rank's room bounds the encoder activations it takes on") {
   // The 1 s forward of the warm-up test (1 byte per GPU). With room for it, r1 runs it in
   // its warm-up gap at 0. Without, no rank takes it on while it has anything else to run:
