@@ -609,8 +609,8 @@ CpPlan PlanVisionRanks(const Config& c, const std::vector<int64_t>& patches,
 // every GPU of its rank), so that the rounds balance in total and a tie does not send
 // every round's largest image to one rank.
 void AddVisionTasks(const Config& c, const StepBatch& batch, int m, const VisionPool& pool,
-                    bool recompute_outputs_only, std::vector<double>* carry, Cursors* cur,
-                    std::vector<VisionTask>* out) {
+                    const std::vector<double>& text_flops, bool recompute_outputs_only,
+                    std::vector<double>* carry, Cursors* cur, std::vector<VisionTask>* out) {
   const ParallelConfig& p = c.parallel;
   const int G = p.tp * p.cp, dp = static_cast<int>(batch.replicas.size());
   std::vector<int64_t> patches;
@@ -639,6 +639,8 @@ void AddVisionTasks(const Config& c, const StepBatch& batch, int m, const Vision
   carry->resize(world, 0.0);
   const double budget = pool.latency_budget_s;
   const bool timed = pool.timeline && TimedPlacementFits(c);
+  if (!timed && !text_flops.empty())
+    for (int g = 0; g < world; ++g) (*carry)[g] += text_flops[g / (dp * G)];
   if (timed && cur->fwd.empty()) cur->fwd.assign(world / G, 0.0), cur->bwd.assign(world / G, 0.0);
   CpPlan plan = timed ? PlanVisionTimed(c, patches, source, m, dp * G, G, *pool.timeline, rank_of,
                                         carry, budget, cur)
@@ -739,9 +741,28 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
     round_pool.latency_budget_s =
         std::min(pool.latency_budget_s, per_gpu / std::max(1, rounds) * pool.window_rounds);
   }
+  // Per stage, a round's text seconds over the lightest stage's, in encoder forward FLOPs
+  // per GPU of as many seconds of encoder work (its forwards and backwards, at the rates of
+  // the step's images on one GPU each).
+  std::vector<double> text_flops;
+  if (v.enabled && !pool.text_round_s.empty() && !pool.consumer_only) {
+    double flops = 0, busy = 0;
+    for (const auto& replica : batch.replicas)
+      for (const MicroBatch& mb : replica)
+        for (const Sample& smp : mb.samples)
+          for (const Image& img : smp.images) {
+            const int64_t P = Patches(img, v.patch);
+            flops += SplitFlops(c, P, 1);
+            busy += ShardSeconds(c, P, 1) + ShardBackwardSeconds(c, P, 1);
+          }
+    const double lightest = *std::min_element(pool.text_round_s.begin(), pool.text_round_s.end());
+    if (busy > 0)
+      for (double s : pool.text_round_s) text_flops.push_back((s - lightest) * flops / busy);
+  }
   if (v.enabled)
     for (int m = 0; m < rounds; ++m)
-      AddVisionTasks(c, batch, m, round_pool, recompute_outputs_only, &carry, &cursors, &w.vision);
+      AddVisionTasks(c, batch, m, round_pool, text_flops, recompute_outputs_only, &carry, &cursors,
+                     &w.vision);
   for (size_t d = 0; d < batch.replicas.size(); ++d) {
     for (size_t m = 0; m < batch.replicas[d].size(); ++m) {
       const MicroBatch& mb = batch.replicas[d][m];

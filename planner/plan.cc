@@ -140,25 +140,29 @@ ListRules RulesOf(const Config& c, ModalityPolicy policy, const ListInput& in) {
   return r;
 }
 
+// Per pipeline stage, the compute seconds of one round of its text ops (each chunk's
+// forward and backward).
+std::vector<double> TextRoundSeconds(const Config& c, const PipelineShape& shape,
+                                     const TextWorkload& tw) {
+  const CostModel cost = CostModel::Real(c.cluster.spec);
+  const int gpus = c.parallel.tp * c.parallel.cp;
+  std::vector<double> round(shape.pp, 0);
+  for (int s = 0; s < shape.pp; ++s)
+    for (int ch = 0; ch < shape.vp; ++ch) {
+      const int g = shape.global(ch, s);
+      for (const Work* w : {&tw.f[g], &tw.b[g]})
+        round[s] +=
+            cost.ComputeSeconds(*w, gpus, c.parallel.tp, c.parallel.ep, c.cluster.gpus_per_node);
+    }
+  return round;
+}
+
 // Latency budget of an image under the pipelined policies: its forward may start `window`
 // text rounds (one micro-batch's text F and B on the busiest stage) before its consumer
 // needs it, so an image that takes no longer is not split (dynamic CP would only add
 // gather-KV and a gang to synchronise).
-double PipelinedBudget(const Config& c, const PipelineShape& shape, const TextWorkload& tw) {
-  const CostModel cost = CostModel::Real(c.cluster.spec);
-  const int gpus = c.parallel.tp * c.parallel.cp;
-  double round = 0;
-  for (int s = 0; s < shape.pp; ++s) {
-    double stage = 0;
-    for (int ch = 0; ch < shape.vp; ++ch) {
-      const int g = shape.global(ch, s);
-      for (const Work* w : {&tw.f[g], &tw.b[g]})
-        stage +=
-            cost.ComputeSeconds(*w, gpus, c.parallel.tp, c.parallel.ep, c.cluster.gpus_per_node);
-    }
-    round = std::max(round, stage);
-  }
-  return ModalityWindow(c) * round;
+double PipelinedBudget(const Config& c, const std::vector<double>& text_round_s) {
+  return ModalityWindow(c) * *std::max_element(text_round_s.begin(), text_round_s.end());
 }
 
 // The longest a layer-group piece may take: the shortest text forward.
@@ -311,8 +315,10 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
                       policy == ModalityPolicy::kOptimus;
   VisionPool pool;
   pool.consumer_only = policy == ModalityPolicy::kInline;
+  const std::vector<double> text_round_s =
+      listed ? TextRoundSeconds(c, shape, tw) : std::vector<double>{};
   if (listed) {
-    pool.latency_budget_s = PipelinedBudget(c, shape, tw);
+    pool.latency_budget_s = PipelinedBudget(c, text_round_s);
     pool.window_rounds = ModalityWindow(c);
   }
   ModalityWork w = BuildModalityWork(c, batch, pool, decoupled && c.schedule.decoupled_recompute);
@@ -355,19 +361,25 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         // Dynamic CP sizes the images by their shard times, which say nothing of what a
         // gang costs in the pipeline (each of its ranks reaches it between its own text
         // ops; the first waits for the others) or of how evenly the ranks' encoder work
-        // then falls. Two other sizings of the same images are placed too and kept where
+        // then falls. Other sizings of the same images are placed too and kept where
         // the step is shorter: K3's rule alone (the round's per-GPU share as the target,
-        // not raised to the latency budget: more gangs) and no gangs (images split only
-        // over a rank's own GPUs); a sizing that makes the same tasks as one before is
-        // skipped. A probe comes first: one pass of the policy's own rules (alternative 0
-        // of the search; deadlines from the text-only timeline); the search runs on a
-        // sizing only where the probe beats that first pass on the sizings before.
+        // not raised to the latency budget: more gangs), no gangs (images split only
+        // over a rank's own GPUs), and the first two with each round's images balanced
+        // against the text (VisionPool::text_round_s: ranks with less text take more
+        // encoder work); a sizing that makes the same tasks as one before is skipped. A probe comes
+        // first: one pass of the policy's own rules (alternative 0 of the search; deadlines from
+        // the text-only timeline); the search runs on a sizing only where the probe beats that
+        // first pass on the sizings before.
         std::vector<std::pair<int, VisionPool>> sizings;  // (cp_max_group, pool)
         VisionPool k3_rule = pool;
         k3_rule.latency_budget_s = 0;
         sizings.push_back({c.model.vision.cp_max_group, k3_rule});
         sizings.push_back(
             {std::min(c.model.vision.cp_max_group, c.parallel.tp * c.parallel.cp), pool});
+        for (VisionPool x : {pool, k3_rule}) {
+          x.text_round_s = text_round_s;
+          sizings.push_back({c.model.vision.cp_max_group, x});
+        }
         auto first_pass = [&](ListRules r, const ListInput& x,
                               const ModalityWork& xw) -> StatusOr<double> {
           r.passes = 1;

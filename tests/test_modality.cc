@@ -602,3 +602,33 @@ TEST_CASE("decoupled runs a CP gang's forward shards first and its backward shar
   };
   CHECK(step(t, gangs) < step(Plan(whole), whole));
 }
+
+TEST_CASE("balanced against the text: ranks of a stage with more text take less encoder work") {
+  // pp 4 x dp 2 on 8 GPUs (tp 1), gangs of at most 2 GPUs (GPUs are laid out stage by
+  // stage, so a gang stays in one stage). The same images placed by FLOPs alone, with every
+  // stage's text round equal (no change), and with the last stage's round longer than the
+  // whole step's encoder work (its ranks start every round behind every other rank by more
+  // than any rank ever takes, so none of its ranks gets an image).
+  const Config c = MultimodalConfig("nested", {"parallelism.dp=2", "model.vision.cp_max_group=2"});
+  auto batch = MakeStepBatch(c);
+  REQUIRE(batch.ok());
+  const VisionPool plain;
+  const ModalityWork base = BuildModalityWork(c, *batch, plain, false);
+  auto flops_by_stage = [&](const ModalityWork& w) {
+    std::vector<double> by(4, 0);
+    for (const VisionTask& t : w.vision) by[t.rank % 4] += t.f.flops;
+    return by;
+  };
+  const std::vector<double> before = flops_by_stage(base);
+  REQUIRE(before[3] > 0);
+  VisionPool even = plain;
+  even.text_round_s = {0.25, 0.25, 0.25, 0.25};
+  CHECK(flops_by_stage(BuildModalityWork(c, *batch, even, false)) == before);
+  double total = 0;
+  for (double f : before) total += f;
+  VisionPool heavy_last = plain;
+  heavy_last.text_round_s = {0, 0, 0, 1e6};  // seconds: more than any encoder work
+  const std::vector<double> after = flops_by_stage(BuildModalityWork(c, *batch, heavy_last, false));
+  CHECK(after[3] == 0);
+  CHECK(after[0] + after[1] + after[2] == doctest::Approx(total));
+}
