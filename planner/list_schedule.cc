@@ -581,7 +581,11 @@ bool Pass::Decide(int r) {
     const int g = jobs_[task].gang;
     if (g != kNone) {
       const int gang = backward ? g + 1 : g;
-      if (const auto [solo, solo_backward] = GangBackfill(r, gang, t, text_left ? ready : kInf);
+      // Not while r follows gangs started elsewhere: it posts those first (TryGang).
+      // r's next text op unknown (it waits for its input): no room before it.
+      const double until = !text_left ? kInf : ready == kUnknown ? t : ready;
+      if (const auto [solo, solo_backward] =
+              follow_[r].empty() ? GangBackfill(r, gang, t, until) : std::pair{kNone, false};
           solo != kNone) {
         free_[r] = t + (solo_backward ? RunBackward(solo, t) : RunForward(solo, r, t));
         Push(r);
@@ -636,11 +640,11 @@ bool Pass::Decide(int r) {
   return false;
 }
 
-// With gang `g` next on r at t: work of r's own (no gang) that ends before g could start
-// (its other members are busy until then) and by `until` (r's next text op): running it
-// first costs the gang nothing. The longest released backward, else the forward with the
-// earliest deadline whose window is open (as the phases allow, within the memory budget);
-// (task, backward), or kNone.
+// With gang `g` next on r at t (r would start it): work of r's own (no gang) that ends
+// before g could start (its other members are busy until then) and by `until` (r's next
+// text op): running it first costs the gang nothing. The longest released backward, else the
+// forward with the earliest deadline whose window is open (as the phases allow, within the memory
+// budget); (task, backward), or kNone.
 std::pair<int, bool> Pass::GangBackfill(int r, int g, double t, double until) {
   double latest = 0;
   for (int task : gangs_[g].tasks) {
@@ -650,19 +654,26 @@ std::pair<int, bool> Pass::GangBackfill(int r, int g, double t, double until) {
   const double room = std::min(until, latest) - t;
   if (room <= 0) return {kNone, false};
   int best = kNone;
-  double longest = 0;
+  double longest = 0, best_release = 0;
   if (BackwardPhase(r))
     for (const auto& [release, task] : released_[r].items()) {
       if (release > t || jobs_[task].gang != kNone || BackwardDone(task)) continue;
       const double dur = NextBackward(task);
-      if (dur <= room && dur > longest) best = task, longest = dur;
+      if (dur > room) continue;
+      // The longest; among equals the earliest released, then the lowest task (the heap's
+      // storage order is not a rule).
+      if (best == kNone || dur > longest ||
+          (dur == longest && std::pair{release, task} < std::pair{best_release, best})) {
+        best = task, longest = dur, best_release = release;
+      }
     }
   if (best != kNone || !ForwardPhase(r)) return {best, true};
   const auto& list = forwards_[r];
   for (size_t k = first_open_[r], seen = 0; k < list.size() && seen < kScan; ++k) {
     const int task = list[k];
-    if (ForwardDone(task) || jobs_[task].rank != r || jobs_[task].gang != kNone) continue;
+    if (ForwardDone(task) || jobs_[task].rank != r) continue;
     ++seen;
+    if (jobs_[task].gang != kNone) continue;
     if (NextForward(task) > room || !WindowOpen(task, t)) continue;
     if (OverBudget(r, PieceBytes(task, jobs_[task].f_next))) break;
     return {task, false};

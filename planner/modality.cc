@@ -745,7 +745,8 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
   // per GPU of as many seconds of encoder work (its forwards and backwards, at the rates of
   // the step's images on one GPU each).
   std::vector<double> text_flops;
-  if (v.enabled && !pool.text_round_s.empty() && !pool.consumer_only) {
+  if (v.enabled && pool.text_round_s.size() == static_cast<size_t>(c.parallel.pp) &&
+      !pool.consumer_only) {
     double flops = 0, busy = 0;
     for (const auto& replica : batch.replicas)
       for (const MicroBatch& mb : replica)

@@ -129,8 +129,8 @@ struct VisionPool {
   // ranks of a stage and breaking ties; null: to the least-loaded ranks of the job.
   const TextTimeline* timeline = nullptr;
   // Per pipeline stage: the compute seconds of one round of its text ops (each chunk's
-  // forward and backward). Set (not timed): each round's images are balanced with the text,
-  // a rank carrying the seconds its stage's text adds over the lightest stage's, in
+  // forward and backward). Set, one per stage (not timed): each round's images are balanced with
+  // the text, a rank carrying the seconds its stage's text adds over the lightest stage's, in
   // encoder FLOPs of as many seconds, so that ranks with less text take more encoder work.
   std::vector<double> text_round_s;
 };

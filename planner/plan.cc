@@ -364,9 +364,10 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         // then falls. Other sizings of the same images are placed too and kept where
         // the step is shorter: K3's rule alone (the round's per-GPU share as the target,
         // not raised to the latency budget: more gangs), no gangs (images split only
-        // over a rank's own GPUs), and the first two with each round's images balanced
-        // against the text (VisionPool::text_round_s: ranks with less text take more
-        // encoder work); a sizing that makes the same tasks as one before is skipped. A probe comes
+        // over a rank's own GPUs), and dynamic CP's sizing and K3's rule with each round's
+        // images balanced against the text (VisionPool::text_round_s: ranks with less text
+        // take more encoder work); a sizing that makes the same tasks as one before is
+        // skipped. A probe comes
         // first: one pass of the policy's own rules (alternative 0 of the search; deadlines from
         // the text-only timeline); the search runs on a sizing only where the probe beats that
         // first pass on the sizings before.
