@@ -114,7 +114,7 @@ class Pass {
   // start the gang (else it follows it).
   bool TextFirst(int r, int g, double t, bool initiate) const;
   void Post(int r, int gang);
-  int PickForward(int r, double t, double gap, bool any_window = false);
+  int PickForward(int r, double t, double gap, bool any_window = false, bool solo = false);
   int PickBackward(int r, double t, double gap);
   int Steal(int r, double t, double gap);
   // Between the two ops of an overlapped pair (dualpipev's F and B run as one unit).
@@ -307,7 +307,8 @@ bool Pass::WindowOpen(int task, double t) const {
 // the memory, no later one takes the room it waits for (a later forward would hold its
 // bytes until its own backward, long after the earlier one's consumer has stalled the
 // pipeline). Bubble-fill's moves of forwards to ranks in a gap (Steal) check the room only.
-int Pass::PickForward(int r, double t, double gap, bool any_window) {
+// `solo`: forwards of gangs are passed over (they still count towards the scan).
+int Pass::PickForward(int r, double t, double gap, bool any_window, bool solo) {
   auto& list = forwards_[r];
   size_t& first = first_open_[r];
   while (first < list.size() && ForwardDone(list[first])) ++first;
@@ -315,6 +316,7 @@ int Pass::PickForward(int r, double t, double gap, bool any_window) {
     const int task = list[k];
     if (ForwardDone(task) || jobs_[task].rank != r) continue;
     ++seen;
+    if (solo && jobs_[task].gang != kNone) continue;
     if (NextForward(task) > gap || (!any_window && !WindowOpen(task, t))) continue;
     if (!any_window && OverBudget(r, PieceBytes(task, jobs_[task].f_next))) return kNone;
     return task;
@@ -668,17 +670,7 @@ std::pair<int, bool> Pass::GangBackfill(int r, int g, double t, double until) {
       }
     }
   if (best != kNone || !ForwardPhase(r)) return {best, true};
-  const auto& list = forwards_[r];
-  for (size_t k = first_open_[r], seen = 0; k < list.size() && seen < kScan; ++k) {
-    const int task = list[k];
-    if (ForwardDone(task) || jobs_[task].rank != r) continue;
-    ++seen;
-    if (jobs_[task].gang != kNone) continue;
-    if (NextForward(task) > room || !WindowOpen(task, t)) continue;
-    if (OverBudget(r, PieceBytes(task, jobs_[task].f_next))) break;
-    return {task, false};
-  }
-  return {kNone, false};
+  return {PickForward(r, t, room, false, true), false};
 }
 
 // Parks r; remembers it for the fallback if it holds work it could run.

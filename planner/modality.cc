@@ -727,16 +727,26 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
   std::vector<double> carry;
   Cursors cursors;
   VisionPool round_pool = pool;
+  const bool text_balanced = pool.text_round_s.size() == static_cast<size_t>(c.parallel.pp);
+  // The step's images, each on one GPU: forward seconds, forward FLOPs, forward and
+  // backward seconds.
+  double step = 0, image_flops = 0, busy = 0;
+  if (v.enabled && !pool.consumer_only && (pool.latency_budget_s > 0 || text_balanced))
+    for (const auto& replica : batch.replicas)
+      for (const MicroBatch& mb : replica)
+        for (const Sample& smp : mb.samples)
+          for (const Image& img : smp.images) {
+            const int64_t P = Patches(img, v.patch);
+            const double f = ShardSeconds(c, P, 1);
+            step += f;
+            image_flops += SplitFlops(c, P, 1);
+            busy += f + ShardBackwardSeconds(c, P, 1);
+          }
   if (v.enabled && pool.latency_budget_s > 0 && !pool.consumer_only) {
     // Balance: longest-first placement on the least-loaded rank leaves the busiest rank at
     // most one item above the mean, so an image may stay whole only while its forward is
     // at most what a GPU's encoder forwards take in `window_rounds` rounds on average (the
     // same rule for any micro-batch count).
-    double step = 0;
-    for (const auto& replica : batch.replicas)
-      for (const MicroBatch& mb : replica)
-        for (const Sample& smp : mb.samples)
-          for (const Image& img : smp.images) step += ShardSeconds(c, Patches(img, v.patch), 1);
     const double per_gpu = step / c.world();
     round_pool.latency_budget_s =
         std::min(pool.latency_budget_s, per_gpu / std::max(1, rounds) * pool.window_rounds);
@@ -745,20 +755,9 @@ ModalityWork BuildModalityWork(const Config& c, const StepBatch& batch, const Vi
   // per GPU of as many seconds of encoder work (its forwards and backwards, at the rates of
   // the step's images on one GPU each).
   std::vector<double> text_flops;
-  if (v.enabled && pool.text_round_s.size() == static_cast<size_t>(c.parallel.pp) &&
-      !pool.consumer_only) {
-    double flops = 0, busy = 0;
-    for (const auto& replica : batch.replicas)
-      for (const MicroBatch& mb : replica)
-        for (const Sample& smp : mb.samples)
-          for (const Image& img : smp.images) {
-            const int64_t P = Patches(img, v.patch);
-            flops += SplitFlops(c, P, 1);
-            busy += ShardSeconds(c, P, 1) + ShardBackwardSeconds(c, P, 1);
-          }
+  if (v.enabled && text_balanced && !pool.consumer_only && busy > 0) {
     const double lightest = *std::min_element(pool.text_round_s.begin(), pool.text_round_s.end());
-    if (busy > 0)
-      for (double s : pool.text_round_s) text_flops.push_back((s - lightest) * flops / busy);
+    for (double s : pool.text_round_s) text_flops.push_back((s - lightest) * image_flops / busy);
   }
   if (v.enabled)
     for (int m = 0; m < rounds; ++m)
