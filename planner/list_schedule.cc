@@ -41,7 +41,8 @@ class Pass {
        const std::vector<double>& deadline)
       : in_(in), w_(w), rules_(rules), s_(in.shape), deadline_(deadline) {}
 
-  Status Run();
+  // Stops once a rank's clock passes `cutoff` (the makespan is then +inf).
+  Status Run(double cutoff = kInf);
   double makespan() const { return makespan_; }
   // Whether a window acted: held a forward back, made a backward due, or woke a parked
   // rank. If not, the same rules without windows make the same decisions.
@@ -683,7 +684,7 @@ void Pass::Park(int r) {
     fallback_.push({kInf, free_[r], r});
 }
 
-Status Pass::Run() {
+Status Pass::Run(double cutoff) {
   const int R = s_.dp * s_.pp;
   pos_of_.assign(s_.pp, std::vector<int>(static_cast<size_t>(s_.vp) * s_.m * 2, -1));
   w_pos_.assign(s_.pp, {});
@@ -789,6 +790,10 @@ Status Pass::Run() {
       if (budget-- == 0) return Internal("modality list scheduler: no progress");
       auto [time, r] = queue_.Pop();
       if (time != free_[r] || parked_[r]) continue;
+      if (time > cutoff) {  // free times only grow: the makespan is past the cutoff
+        makespan_ = kInf;
+        return Status::Ok();
+      }
       Decide(r);
     }
     // Everyone waits: gangs are posted by their followers first.
@@ -1119,6 +1124,25 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
   best.text_makespan_s = text.end;
   best.alternative = static_cast<int>(best_index);
   return best;
+}
+
+StatusOr<std::vector<double>> Probe(const std::vector<ListProbe>& probes,
+                                    const TextTimeline& text) {
+  std::vector<double> makespan(probes.size(), kInf);
+  std::vector<Status> status(probes.size(), Status::Ok());
+  for (size_t i = 0; i < probes.size(); ++i) {
+    RETURN_IF_ERROR(CheckInput(*probes[i].in, probes[i].work));
+    if (text.due.size() != static_cast<size_t>(probes[i].in->shape.dp) * probes[i].in->shape.m)
+      return Internal("modality list scheduler: a text timeline of another pipeline");
+  }
+  RunParallel(probes.size(), [&](size_t i) {
+    const ListProbe& x = probes[i];
+    Pass p(*x.in, *x.work, x.rules, text.due);
+    status[i] = p.Run(x.bound);
+    makespan[i] = p.makespan();
+  });
+  for (const Status& s : status) RETURN_IF_ERROR(s);
+  return makespan;
 }
 
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,

@@ -48,6 +48,7 @@
 // O((ops + tasks) log ranks).
 #pragma once
 
+#include <limits>
 #include <vector>
 
 #include "planner/lower.h"
@@ -129,5 +130,18 @@ StatusOr<TextTimeline> ScheduleText(const ListInput& in);
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
                                       const std::vector<ListRules>& alternatives,
                                       const TextTimeline& text);
+
+// A first pass of one rule set (deadlines from the text-only timeline, as an alternative's
+// first pass in ScheduleModality) whose makespan only matters below `bound`.
+struct ListProbe {
+  const ListInput* in = nullptr;
+  const ModalityWork* work = nullptr;
+  ListRules rules;
+  double bound = std::numeric_limits<double>::infinity();
+};
+// Each probe's makespan, or +inf where it exceeds its bound: the pass stops as soon as a
+// rank's clock passes the bound (the makespan is at least every rank's clock). Probes run
+// on the machine's cores.
+StatusOr<std::vector<double>> Probe(const std::vector<ListProbe>& probes, const TextTimeline& text);
 
 }  // namespace pipeplan

@@ -381,13 +381,6 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
           x.text_round_s = text_round_s;
           sizings.push_back({c.model.vision.cp_max_group, x});
         }
-        auto first_pass = [&](ListRules r, const ListInput& x,
-                              const ModalityWork& xw) -> StatusOr<double> {
-          r.passes = 1;
-          ASSIGN_OR_RETURN(const ListResult one,
-                           ScheduleModality(x, xw, std::vector<ListRules>{r}, tl));
-          return one.makespan_s;
-        };
         const bool bubble = policy == ModalityPolicy::kBubbleFill;
         constexpr double kNever = std::numeric_limits<double>::infinity();
         double own_best = placed.first_pass_s[0];
@@ -396,9 +389,12 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         // compared with nested's prediction.
         double nested_best = kNever;
         if (bubble) {
-          ASSIGN_OR_RETURN(nested_best, first_pass(RulesOf(c, ModalityPolicy::kNested, in), in, w));
+          ASSIGN_OR_RETURN(const auto probe,
+                           Probe({{&in, &w, RulesOf(c, ModalityPolicy::kNested, in)}}, tl));
+          nested_best = probe[0];
         }
         std::vector<ModalityWork> seen{w};
+        seen.reserve(1 + sizings.size());
         for (const auto& [cp_max_group, sized_pool] : sizings) {
           Config sized = c;
           sized.model.vision.cp_max_group = cp_max_group;
@@ -412,14 +408,14 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
           // Larger tasks than any rank has room for: out of memory where the images as
           // first sized were not.
           if (bubble && oroom.empty() && !room.empty()) continue;
-          ListRules own = RulesOf(c, policy, oin);
-          if (bubble) own.memory_room_bytes = oroom;
-          ASSIGN_OR_RETURN(const double own_probe, first_pass(own, oin, other));
-          double nested_probe = kNever;
+          // A probe matters only where it beats the best before (+inf where it cannot).
+          std::vector<ListProbe> probes{{&oin, &other, RulesOf(c, policy, oin), own_best}};
           if (bubble) {
-            ASSIGN_OR_RETURN(nested_probe,
-                             first_pass(RulesOf(c, ModalityPolicy::kNested, oin), oin, other));
+            probes[0].rules.memory_room_bytes = oroom;
+            probes.push_back({&oin, &other, RulesOf(c, ModalityPolicy::kNested, oin), nested_best});
           }
+          ASSIGN_OR_RETURN(const std::vector<double> probe, Probe(probes, tl));
+          const double own_probe = probe[0], nested_probe = bubble ? probe[1] : kNever;
           if (own_probe >= own_best && nested_probe >= nested_best) continue;
           nested_best = std::min(nested_best, nested_probe);
           if (own_probe >= own_best) {  // only nested's prediction can change

@@ -2,6 +2,7 @@
 // hand, and the exposure metrics it is judged by.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <map>
 #include <queue>
 #include <random>
@@ -541,6 +542,31 @@ TEST_CASE("list scheduler: a rank runs its own backward while a gang waits for i
   CHECK(r->vision[0].b_at == doctest::Approx(9));
   CHECK(r->vision[1].b_at == doctest::Approx(9));
   CHECK(r->makespan_s == doctest::Approx(11.5));
+}
+
+TEST_CASE("list scheduler: a probe reports its pass's makespan, or +inf past its bound") {
+  // The placement of the test above: 11.5 s by hand. A probe bounded at or above it runs
+  // the pass through; one bounded below stops once a rank's clock passes the bound.
+  ListInput in = TwoStages();
+  ModalityWork w;
+  AddGang(&w, 0, 0);
+  VisionTask own;
+  own.d = 0, own.mb = 0, own.rank = 1, own.task = 1;
+  w.vision.push_back(own);
+  in.vf_s = {0, 0, 0}, in.vb_s = {2.5, 2.5, 1.5}, in.out_s = {0, 0, 0};
+  auto text = ScheduleText(in);
+  REQUIRE_MESSAGE(text.ok(), text.status().message());
+  const ListRules rules;
+  auto probe = Probe({{&in, &w, rules},
+                      {&in, &w, rules, 12},
+                      {&in, &w, rules, 11.5},
+                      {&in, &w, rules, 11},
+                      {&in, &w, rules, 0}},
+                     *text);
+  REQUIRE_MESSAGE(probe.ok(), probe.status().message());
+  REQUIRE(probe->size() == 5);
+  for (int i : {0, 1, 2}) CHECK((*probe)[i] == doctest::Approx(11.5));
+  for (int i : {3, 4}) CHECK(std::isinf((*probe)[i]));
 }
 
 TEST_CASE("list scheduler: a rank's room bounds the encoder activations it takes on") {
