@@ -179,7 +179,7 @@ TEST_CASE("hostile values are errors, not crashes") {
             .rfind("cfg.yaml:18:1: keys must be plain names", 0) == 0);
 }
 
-TEST_CASE("an unknown key gets a hint from another section; --set overrides by an alias") {
+TEST_CASE("an unknown key gets a hint from another section, --set overrides by an alias") {
   CHECK(Error(std::string(kBase) + "  sequence_parallel_x: true\n")
             .rfind("cfg.yaml:18:3: unknown key 'training.sequence_parallel_x' (did you mean "
                    "'sequence_parallel'?)",

@@ -146,7 +146,7 @@ TEST_CASE("options out of range are errors") {
   CHECK(unit.out.find("MFU") == std::string::npos);
 }
 
-TEST_CASE("outputs: devices and FIFOs are written, not replaced; links keep pointing") {
+TEST_CASE("outputs: devices and FIFOs are written, not replaced, links keep pointing") {
   const std::string dir = TempDir();
   REQUIRE(RunCli("plan " + kSmall + " -o /dev/null").exit_code == 0);
   struct stat st;

@@ -57,7 +57,7 @@ TEST_CASE("import-megatron: a launch script becomes a config with the same model
 }
 
 TEST_CASE(
-    "import-megatron: bad values name the file and the argument; the CLI writes a config "
+    "import-megatron: bad values name the file and the argument, and the CLI writes a config "
     "that plans") {
   auto bad = ImportMegatron("python pretrain_gpt.py --num-layers $L --hidden-size 64", "x.sh", {});
   REQUIRE(!bad.ok());

@@ -139,7 +139,7 @@ TEST_CASE("list scheduler: the shards of a gang start together") {
   }
 }
 
-TEST_CASE("exposure: inline on one stage exposes all of the encoder; bound is the busiest rank") {
+TEST_CASE("exposure: inline on one stage exposes all of the encoder, bound is the busiest rank") {
   // One stage, one replica: every op is serial, so removing the vision ops shortens the
   // step by exactly their compute time; the step equals the bound (nothing idles).
   Config c = MultimodalConfig(

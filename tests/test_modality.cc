@@ -314,7 +314,7 @@ TEST_CASE("pieces: each takes its share of the task's layers, FLOPs and activati
   CHECK(p[1].b.mem_delta_bytes == doctest::Approx(-(900 + 7)));
 }
 
-TEST_CASE("dynamic CP: a latency budget keeps an image whole; ring gather-KV hides") {
+TEST_CASE("dynamic CP: a latency budget keeps an image whole, ring gather-KV hides") {
   Config c = Multimodal("nested", 8,
                         {"model.vision.cp_threshold_patches=16384", "model.vision.cp_max_group=8"});
   const int64_t big = Patches({3584, 3584, 1}, 14);

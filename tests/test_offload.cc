@@ -115,7 +115,7 @@ TEST_CASE("host offload: a link too slow to hide the copies keeps the activation
   CHECK(s.memory[0].host_peak_bytes == 0);
 }
 
-TEST_CASE("host offload per pipeline rank; errors name the key") {
+TEST_CASE("host offload per pipeline rank, errors name the key") {
   const Config c =
       OneF1B({"training.offload=[host, none, none, none]", "cluster.hardware.host_link_bw=1e15"});
   CHECK(c.training.OffloadOf(0, 0) == ActPlace::kHost);

@@ -102,7 +102,7 @@ TEST_CASE("tune: pruning keeps the exhaustive search's top K, and every bound ho
   CHECK(full->memory_bound_misses == 0);
 }
 
-TEST_CASE("tune: the best point is the fastest of a sweep of the same space; its YAML replans") {
+TEST_CASE("tune: the best point is the fastest of a sweep of the same space, its YAML replans") {
   const std::string cfg = SmallConfig();
   TuneOptions o = Restricted(true, 1);
   o.only.push_back(*ParseVary("training.recompute=none,full"));
@@ -206,7 +206,7 @@ TEST_CASE("tune: bad options name what is wrong") {
   CHECK(r.status().message().find("--gpus 12") != std::string::npos);
 }
 
-TEST_CASE("tune: shards merged give the single run's top K; results files resume a run") {
+TEST_CASE("tune: shards merged give the single run's top K, results files resume a run") {
   const std::string cfg = SmallConfig();
   const std::string dir = TempDir();
   auto single = RunTune(cfg, {}, Restricted(true, 4));

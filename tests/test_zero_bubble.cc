@@ -101,7 +101,7 @@ std::string RankOrder(const Table& t, int32_t r) {
 
 }  // namespace
 
-TEST_CASE("zb-h1 keeps the hand-crafted schedule's memory; PyTorch's one-chunk zero bubble is it") {
+TEST_CASE("zb-h1 keeps the hand-crafted schedule's memory, PyTorch's one-chunk zero bubble is it") {
   // PyTorch's interleaved zero bubble with one chunk is the paper's ZB-H1 for every size.
   // The authors' greedy scheduler at ZB-H1's memory (pp pending per rank) may give later
   // stages a deeper warm-up than the paper's figure (their memory allows it), at the same
@@ -328,7 +328,7 @@ TEST_CASE("PyTorch CSV with comm actions: every send has its receive on the peer
   }
 }
 
-TEST_CASE("PyTorch CSV: modality ops are counted as left out; bad rows name line and column") {
+TEST_CASE("PyTorch CSV: modality ops are counted as left out, bad rows name line and column") {
   Table t = Plan(MultimodalConfig("nested"));
   size_t left = 0;
   REQUIRE(ToTorchCsv(t, 0, false, &left).ok());
