@@ -94,6 +94,11 @@ class Pass {
   double Duration(int r, int i) const;
   double Transfer(int a, int b) const;
   double ReadyTime(int r) const;
+  double ReadyAt(int r, int i) const;
+  // When the output of rank q's text op p leaves q: its end, or its pair's end.
+  double Sent(int q, int p) const {
+    return end_[q][p + (in_.orders[Stage(q)][p].overlap_next ? 1 : 0)];
+  }
   void Push(int r) { queue_.Push(r, free_[r]); }
   void Wake(int r) {
     if (parked_[r]) parked_[r] = 0, Push(r);
@@ -103,6 +108,7 @@ class Pass {
   bool FollowDue(int r, bool now);
   bool OwnFirst(int r, double t);
   void RunText(int r, double start);
+  void Deliver(int r, int i);
   // Place the task's next piece at `start`; return its seconds.
   double RunForward(int task, int r, double start);
   double RunBackward(int task, double start);
@@ -241,10 +247,12 @@ class Pass {
 double Pass::Duration(int r, int i) const {
   const Step& st = in_.orders[Stage(r)][i];
   const int g = s_.global(st.chunk, Stage(r));
+  const double paired = in_.pair_s.empty() ? -1 : in_.pair_s[Stage(r)][i];
+  if (paired >= 0 && st.kind != OpKind::kF) return paired;
   if (st.kind == OpKind::kB) return in_.b_s[g];
   if (st.kind == OpKind::kI) return in_.i_s[g];
   if (st.kind == OpKind::kW) return in_.w_s[g];
-  double d = in_.f_s[g];
+  double d = paired >= 0 ? paired : in_.f_s[g];
   if (g == s_.stages() - 1 && !in_.after_last_f_s.empty())
     d += in_.after_last_f_s[static_cast<size_t>(Replica(r)) * s_.m + st.mb];
   return d;
@@ -256,8 +264,20 @@ double Pass::Transfer(int a, int b) const {
 }
 
 // When rank r's next text op may start: kUnknown while an op it waits for is not placed.
+// An overlapped pair starts once the inputs of both its ops are in (the lowering receives
+// both before the pair).
 double Pass::ReadyTime(int r) const {
-  const int s = Stage(r), d = Replica(r), i = pos_[r];
+  const int i = pos_[r];
+  const double ready = ReadyAt(r, i);
+  if (ready == kUnknown || !in_.orders[Stage(r)][i].overlap_next) return ready;
+  const double second = ReadyAt(r, i + 1);
+  return second == kUnknown ? kUnknown : std::max(ready, second);
+}
+
+// When text op i of rank r has its input: kUnknown while its producer is not placed (the
+// output of an overlapped pair's op leaves after the pair's second op).
+double Pass::ReadyAt(int r, int i) const {
+  const int s = Stage(r), d = Replica(r);
   const Step& st = in_.orders[s][i];
   const int g = s_.global(st.chunk, s), S = s_.stages();
   double ready = 0;
@@ -265,7 +285,8 @@ double Pass::ReadyTime(int r) const {
   if (st.kind == OpKind::kF) {
     if (g > 0) {
       const int q = RankOf(d, g - 1);
-      const double e = end_[q][PosOfStage(d, OpKind::kF, g - 1, st.mb)];
+      const int p = PosOfStage(d, OpKind::kF, g - 1, st.mb);
+      const double e = q == r ? end_[q][p] : Sent(q, p);
       if (e == kUnknown) return kUnknown;
       ready = e + Transfer(q, r);
     } else if (vision()) {
@@ -277,7 +298,7 @@ double Pass::ReadyTime(int r) const {
     const int q = g < S - 1 ? RankOf(d, g + 1) : r;
     const int p =
         g < S - 1 ? PosOfStage(d, OpKind::kB, g + 1, st.mb) : PosOf(s, OpKind::kF, st.chunk, st.mb);
-    const double e = end_[q][p];
+    const double e = q == r ? end_[q][p] : Sent(q, p);
     if (e == kUnknown) return kUnknown;
     ready = e + Transfer(q, r);
     const size_t k = static_cast<size_t>(d) * s_.m + st.mb;
@@ -343,15 +364,11 @@ int Pass::Steal(int r, double t, double gap) {
   return kNone;
 }
 
-void Pass::RunText(int r, double start) {
-  const int s = Stage(r), d = Replica(r), i = pos_[r];
+// The output of rank r's text op i has left r (at r's free time): the ranks that wait for
+// it are woken, a generator gang is released, the encoder's gradients go back.
+void Pass::Deliver(int r, int i) {
+  const int s = Stage(r), d = Replica(r);
   const Step& st = in_.orders[s][i];
-  const double dur = Duration(r, i);
-  start_[r][i] = start;
-  end_[r][i] = start + dur;
-  free_[r] = start + dur;
-  ++pos_[r];
-  Advance(r);
   const int g = s_.global(st.chunk, s), S = s_.stages();
   if (st.kind == OpKind::kF && g < S - 1) Wake(RankOf(d, g + 1));
   if (Backward(st.kind) && g > 0) Wake(RankOf(d, g - 1));
@@ -368,6 +385,23 @@ void Pass::RunText(int r, double start) {
       if (pos_[job.rank] >= static_cast<int>(in_.orders[Stage(job.rank)].size())) Wake(job.rank);
     }
   }
+}
+
+void Pass::RunText(int r, double start) {
+  const int s = Stage(r), d = Replica(r), i = pos_[r];
+  const Step& st = in_.orders[s][i];
+  const double dur = Duration(r, i);
+  start_[r][i] = start;
+  end_[r][i] = start + dur;
+  free_[r] = start + dur;
+  ++pos_[r];
+  Advance(r);
+  // The outputs of an overlapped pair leave after its second op.
+  if (!st.overlap_next) {
+    if (i > 0 && in_.orders[s][i - 1].overlap_next) Deliver(r, i - 1);
+    Deliver(r, i);
+  }
+  const int g = s_.global(st.chunk, s);
   if (vision() && g == 0 && st.kind == OpKind::kF) {
     // A window may have opened for forwards of later micro-batches.
     const size_t k = static_cast<size_t>(d) * s_.m + st.mb + rules_.window;
@@ -1007,8 +1041,11 @@ Status CheckInput(const ListInput& in, const ModalityWork* w) {
       !sized(in.vf_s, T, false) || !sized(in.vb_s, T, false) || !sized(in.out_s, T, false) ||
       !sized(in.bounds, T, true) || !sized(in.bytes, T, true) ||
       !sized(in.after_last_f_s, DM, true) || !sized(in.gen_shard_s, DM, true) ||
-      (!in.gen_shard_s.empty() && !sized(in.gen_in_s, R, false)))
+      (!in.gen_shard_s.empty() && !sized(in.gen_in_s, R, false)) || !sized(in.pair_s, sh.pp, true))
     return Internal("modality list scheduler: inputs of inconsistent sizes");
+  for (size_t st = 0; st < in.pair_s.size(); ++st)
+    if (in.pair_s[st].size() != in.orders[st].size())
+      return Internal("modality list scheduler: inputs of inconsistent sizes");
   for (const StageOrder& o : in.orders)
     for (const Step& st : o)
       if ((st.kind == OpKind::kI || st.kind == OpKind::kW) && in.i_s.empty())

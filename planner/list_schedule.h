@@ -92,6 +92,10 @@ struct ListInput {
   // (input there, gradient back). Empty = none.
   std::vector<double> gen_shard_s, gen_in_s;
   std::vector<double> next_p2p_s;  // per rank r: a text transfer between r and r + 1
+  // Per stage, per position of its order: the seconds of a step that is half of an
+  // overlapped pair (Step::overlap_next on the first; CostModel::PairSeconds), else < 0.
+  // Empty where no step overlaps the next.
+  std::vector<std::vector<double>> pair_s;
   std::vector<double> vf_s, vb_s;  // per vision task: forward, backward (with recompute)
   std::vector<double> out_s;       // per vision task: transfer to (and from) its consumer
   std::vector<double> bytes;       // per vision task: activation + output bytes per GPU

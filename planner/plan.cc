@@ -8,6 +8,7 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <tuple>
 #include <unordered_map>
 
 #include "core/memory.h"
@@ -39,6 +40,15 @@ bool ReplicaAcrossNodes(const PipelineShape& shape, const std::vector<RankInfo>&
   return false;
 }
 
+// The text work of a step of global stage g.
+const Work& StepWork(const TextWorkload& tw, const Step& st, int g) {
+  const std::vector<Work>& of = st.kind == OpKind::kF   ? tw.f
+                                : st.kind == OpKind::kI ? tw.i
+                                : st.kind == OpKind::kW ? tw.w
+                                                        : tw.b;
+  return of[g];
+}
+
 ListInput ListInputOf(const Config& c, const PipelineShape& shape,
                       const std::vector<StageOrder>& orders, const TextWorkload& tw,
                       const std::vector<RankInfo>& ranks, const ModalityWork& w, bool sharded) {
@@ -56,6 +66,19 @@ ListInput ListInputOf(const Config& c, const PipelineShape& shape,
     in.i_s.push_back(compute(tw.i[g]));
     in.w_s.push_back(compute(tw.w[g]));
   }
+  // Overlapped pairs timed as the simulator times them.
+  auto parts = [&](int s, const Step& st) {
+    return cost.ComputeParts(StepWork(tw, st, shape.global(st.chunk, s)), gpus, c.parallel.tp,
+                             c.parallel.ep, gpn);
+  };
+  for (int s = 0; s < shape.pp; ++s)
+    for (size_t i = 0; i + 1 < orders[s].size(); ++i)
+      if (orders[s][i].overlap_next) {
+        if (in.pair_s.empty())
+          for (const StageOrder& o : orders) in.pair_s.emplace_back(o.size(), -1.0);
+        std::tie(in.pair_s[s][i], in.pair_s[s][i + 1]) =
+            CostModel::PairSeconds(parts(s, orders[s][i]), parts(s, orders[s][i + 1]));
+      }
   in.next_p2p_s.assign(ranks.size(), 0.0);
   for (size_t r = 0; r + 1 < ranks.size(); ++r)
     in.next_p2p_s[r] = cost.P2PSeconds(tw.p2p_bytes, ranks[r].node == ranks[r + 1].node);
@@ -202,11 +225,7 @@ std::vector<double> EncoderRoom(const Config& c, const PipelineShape& shape,
   for (int s = 0; s < shape.pp; ++s) {
     double alive = 0;
     for (const Step& st : orders[s]) {
-      const std::vector<Work>& of = st.kind == OpKind::kF   ? tw.f
-                                    : st.kind == OpKind::kI ? tw.i
-                                    : st.kind == OpKind::kW ? tw.w
-                                                            : tw.b;
-      alive += of[shape.global(st.chunk, s)].mem_delta_bytes;
+      alive += StepWork(tw, st, shape.global(st.chunk, s)).mem_delta_bytes;
       text_peak[s] = std::max(text_peak[s], alive);
     }
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <map>
+#include <tuple>
 
 namespace pipeplan {
 
@@ -22,6 +23,11 @@ double CostModel::ComputeSeconds(const Work& w, int gpus, int tp, int ep, int gp
                                  bool fold_across_nodes) const {
   const Parts p = ComputeParts(w, gpus, tp, ep, gpus_per_node, fold_across_nodes);
   return p.kernels + p.comm;
+}
+
+std::pair<double, double> CostModel::PairSeconds(const Parts& a, const Parts& b) {
+  return {a.kernels, b.kernels + std::max(0.0, a.comm + b.comm - (a.kernels - a.covering) -
+                                                   (b.kernels - b.covering))};
 }
 
 CostModel::Parts CostModel::ComputeParts(const Work& w, int gpus, int tp, int ep, int gpus_per_node,
@@ -165,12 +171,9 @@ std::vector<double> CostModel::Durations(const Table& t) const {
     const OpId j = pair_second[i];
     if (j == UINT32_MAX) continue;
     const RankInfo& r = ranks[t.rank(i)];
-    const Parts a = ComputeParts(t.work(i), r.gpus, m.tp, m.ep, m.gpus_per_node);
-    const Parts b = ComputeParts(t.work(j), r.gpus, m.tp, m.ep, m.gpus_per_node);
-    d[i] = a.kernels;
-    // Kernel time that already hides an op's own overlapped all-to-alls hides nothing else.
-    d[j] = b.kernels +
-           std::max(0.0, a.comm + b.comm - (a.kernels - a.covering) - (b.kernels - b.covering));
+    std::tie(d[i], d[j]) =
+        PairSeconds(ComputeParts(t.work(i), r.gpus, m.tp, m.ep, m.gpus_per_node),
+                    ComputeParts(t.work(j), r.gpus, m.tp, m.ep, m.gpus_per_node));
   }
   return d;
 }

@@ -11,6 +11,7 @@
 // `unit` model: F = 1, B = 2, I = W = RECOMPUTE = 1, everything else 0 (schedule checks).
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include "core/table.h"
@@ -42,6 +43,11 @@ class CostModel {
   };
   Parts ComputeParts(const Work& w, int gpus, int tp, int ep, int gpus_per_node,
                      bool fold_across_nodes = false) const;
+  // An overlapped pair's two ops, first and second: the first keeps its kernels, the
+  // second takes its own kernels and what of the pair's communication the two kernels'
+  // time does not hide (kernel time that already hides an op's own overlapped all-to-alls
+  // hides nothing else).
+  static std::pair<double, double> PairSeconds(const Parts& first, const Parts& second);
   double P2PSeconds(double bytes, bool same_node) const;
   double P2PSeconds(const Work& w, bool same_node) const;  // + a folded all-gather (tp_bytes)
   // A copy of saved activations between a GPU and host memory over the GPU's own host link

@@ -544,6 +544,30 @@ TEST_CASE("list scheduler: a rank runs its own backward while a gang waits for i
   CHECK(r->makespan_s == doctest::Approx(11.5));
 }
 
+TEST_CASE("list scheduler: an overlapped pair waits for both inputs and sends after its end") {
+  // TwoStages, r0's F1 overlapped with its B0 (as DualPipeV pairs a forward with a
+  // backward), the pair timed as the cost model times one: F1 0.5 s (its kernels), B0
+  // 1.5 s (its kernels and the communication they do not hide). By hand: r0 F0 [0, 1];
+  // r1 F0 [1, 2], B0 [2, 4]; the pair starts once B0's gradient is in, at 4 (the lowering
+  // receives both inputs first): F1 [4, 4.5], B0 [4.5, 6]; F1's output leaves with the
+  // pair's end, so r1 F1 [6, 7], B1 [7, 9]; r0 B1 [9, 11]. Unpaired, r0 would run F1 at
+  // [1, 2] and the step would end at 9.
+  ListInput in = TwoStages();
+  in.orders[0] = {
+      {OpKind::kF, 0, 0}, {OpKind::kF, 0, 1, true}, {OpKind::kB, 0, 0}, {OpKind::kB, 0, 1}};
+  in.pair_s = {{-1, 0.5, 1.5, -1}, {-1, -1, -1, -1}};
+  auto paired = ScheduleText(in);
+  REQUIRE_MESSAGE(paired.ok(), paired.status().message());
+  CHECK(paired->end == doctest::Approx(11));
+  CHECK(paired->due[1] == doctest::Approx(4));  // r0's F1
+  in.pair_s.clear();
+  in.orders[0][1].overlap_next = false;
+  auto unpaired = ScheduleText(in);
+  REQUIRE_MESSAGE(unpaired.ok(), unpaired.status().message());
+  CHECK(unpaired->end == doctest::Approx(9));
+  CHECK(unpaired->due[1] == doctest::Approx(1));
+}
+
 TEST_CASE("list scheduler: a probe reports its pass's makespan, or +inf past its bound") {
   // The placement of the test above: 11.5 s by hand. A probe bounded at or above it runs
   // the pass through; one bounded below stops once a rank's clock passes the bound.
