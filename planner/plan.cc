@@ -382,27 +382,24 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         // ops; the first waits for the others) or of how evenly the ranks' encoder work
         // then falls. Other sizings of the same images are placed too and kept where
         // the step is shorter: K3's rule alone (the round's per-GPU share as the target,
-        // not raised to the latency budget: more gangs), and dynamic CP's sizing and K3's
-        // rule with each round's images balanced against the text
-        // (VisionPool::text_round_s: ranks with less text take more encoder work); each
-        // also without gangs (images split only over a rank's own GPUs), so that nested's
-        // search covers the search of the same config with `cp_max_group` at tp·cp. A
-        // sizing that makes the same tasks as one before is skipped. A probe comes first:
-        // one pass of the policy's own rules (alternative 0 of the search; deadlines from
-        // the text-only timeline); the search runs on a sizing only where the probe beats
-        // that first pass on the sizings before.
+        // not raised to the latency budget: more gangs), no gangs (images split only
+        // over a rank's own GPUs), and dynamic CP's sizing and K3's rule with each round's
+        // images balanced against the text (VisionPool::text_round_s: ranks with less text
+        // take more encoder work); a sizing that makes the same tasks as one before is
+        // skipped. A probe comes
+        // first: one pass of the policy's own rules (alternative 0 of the search; deadlines from
+        // the text-only timeline); the search runs on a sizing only where the probe beats that
+        // first pass on the sizings before.
         std::vector<std::pair<int, VisionPool>> sizings;  // (cp_max_group, pool)
         VisionPool k3_rule = pool;
         k3_rule.latency_budget_s = 0;
-        std::vector<VisionPool> pools{pool, k3_rule};
+        sizings.push_back({c.model.vision.cp_max_group, k3_rule});
+        sizings.push_back(
+            {std::min(c.model.vision.cp_max_group, c.parallel.tp * c.parallel.cp), pool});
         for (VisionPool x : {pool, k3_rule}) {
           x.text_round_s = text_round_s;
-          pools.push_back(x);
+          sizings.push_back({c.model.vision.cp_max_group, x});
         }
-        const int cp = c.model.vision.cp_max_group;  // with pools[0]: the images as first sized
-        for (size_t i = 1; i < pools.size(); ++i) sizings.push_back({cp, pools[i]});
-        const int own_gpus = std::min(cp, c.parallel.tp * c.parallel.cp);
-        for (const VisionPool& x : pools) sizings.push_back({own_gpus, x});
         const bool bubble = policy == ModalityPolicy::kBubbleFill;
         constexpr double kNever = std::numeric_limits<double>::infinity();
         double own_best = placed.first_pass_s[0];
