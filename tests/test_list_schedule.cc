@@ -518,6 +518,18 @@ TEST_CASE("list scheduler: a rank runs its ready text before a gang its partner 
   CHECK(r->makespan_s == doctest::Approx(9.5));
 }
 
+// TwoStages' micro-batch 0 with a gang over r0 and r1 (2.5 s backward shards) and a 1.5 s
+// backward of r1's own; forwards of no time.
+ModalityWork GangAndOwnBackward(ListInput* in) {
+  ModalityWork w;
+  AddGang(&w, 0, 0);
+  VisionTask own;
+  own.d = 0, own.mb = 0, own.rank = 1, own.task = 1;
+  w.vision.push_back(own);
+  in->vf_s = {0, 0, 0}, in->vb_s = {2.5, 2.5, 1.5}, in->out_s = {0, 0, 0};
+  return w;
+}
+
 TEST_CASE("list scheduler: a rank runs its own backward while a gang waits for its partner") {
   // pp = 2, m = 2 (TwoStages: r0 F0 [0,1] F1 [1,2] B0 [4,6] B1 [7,9]; r1 F0 [1,2] B0 [2,4]
   // F1 [4,5] B1 [5,7]), forwards of no time. Micro-batch 0's encoder gradients are released
@@ -527,12 +539,7 @@ TEST_CASE("list scheduler: a rank runs its own backward while a gang waits for i
   // first [7, 8.5]; the gang runs [9, 11.5]. Posting the gang at 7 would leave r1 idle
   // until 9 and end its own backward at 13.
   ListInput in = TwoStages();
-  ModalityWork w;
-  AddGang(&w, 0, 0);
-  VisionTask own;
-  own.d = 0, own.mb = 0, own.rank = 1, own.task = 1;
-  w.vision.push_back(own);
-  in.vf_s = {0, 0, 0}, in.vb_s = {2.5, 2.5, 1.5}, in.out_s = {0, 0, 0};
+  const ModalityWork w = GangAndOwnBackward(&in);
   ListRules rules;
   rules.passes = 1;
   auto r = ScheduleModality(in, w, rules);
@@ -569,15 +576,11 @@ TEST_CASE("list scheduler: an overlapped pair waits for both inputs and sends af
 }
 
 TEST_CASE("list scheduler: a probe reports its pass's makespan, or +inf past its bound") {
-  // The placement of the test above: 11.5 s by hand. A probe bounded at or above it runs
+  // The placement of "a rank runs its own backward while a gang waits for its partner":
+  // 11.5 s by hand. A probe bounded at or above it runs
   // the pass through; one bounded below stops once a rank's clock passes the bound.
   ListInput in = TwoStages();
-  ModalityWork w;
-  AddGang(&w, 0, 0);
-  VisionTask own;
-  own.d = 0, own.mb = 0, own.rank = 1, own.task = 1;
-  w.vision.push_back(own);
-  in.vf_s = {0, 0, 0}, in.vb_s = {2.5, 2.5, 1.5}, in.out_s = {0, 0, 0};
+  const ModalityWork w = GangAndOwnBackward(&in);
   auto text = ScheduleText(in);
   REQUIRE_MESSAGE(text.ok(), text.status().message());
   const ListRules rules;
