@@ -439,6 +439,40 @@ bool Better(const TunePoint& a, size_t ai, const TunePoint& b, size_t bi) {
              : ai < bi;
 }
 
+// A config's values on the search's axes (`keys`), or empty where it is on none of the
+// grid's points: a layout string or a first stage of its own, recompute per pipeline rank.
+std::vector<std::string> AxisValues(const Config& k, const std::vector<std::string>& keys) {
+  const ParallelConfig& p = k.parallel;
+  if (!p.layout.empty() || p.first_stage_layers > 0 || !k.training.recompute_by_rank.empty())
+    return {};
+  std::vector<std::string> v;
+  for (const std::string& key : keys) {
+    if (key == kTp)
+      v.push_back(std::to_string(p.tp));
+    else if (key == kCp)
+      v.push_back(std::to_string(p.cp));
+    else if (key == kPp)
+      v.push_back(std::to_string(p.pp));
+    else if (key == kVp)
+      v.push_back(std::to_string(p.vp));
+    else if (key == kEp)
+      v.push_back(std::to_string(p.ep));
+    else if (key == kLast)
+      v.push_back(std::to_string(p.last_stage_layers));
+    else if (key == kMbs)
+      v.push_back(std::to_string(k.training.micro_batch_size));
+    else if (key == kRecompute)
+      v.emplace_back(RecomputeName(k.training.recompute));
+    else if (key == kPipeline)
+      v.emplace_back(PipelineName(k.schedule.pipeline));
+    else if (key == kModality)
+      v.emplace_back(ModalityName(k.schedule.modality));
+    else
+      return {};
+  }
+  return v;
+}
+
 }  // namespace
 
 StatusOr<TuneObjective> ParseTuneObjective(const std::string& name) {
@@ -737,6 +771,7 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
 
   // The configured point, for comparison (the config as written, on `gpus`).
   const double capacity = r.hbm_bytes - o.headroom_bytes;
+  std::vector<std::string> configured;  // its values on the axes; empty: not a candidate
   {
     std::vector<std::string> on_gpus = sets;
     on_gpus.push_back(fmt::format("cluster.nodes={}", gpus / gpn));
@@ -745,17 +780,21 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
       ShapeWork shape{&modality};
       Bound(*k, k->schedule.pipeline, &shape, &r.configured);
       Simulate(*k, capacity, &r.configured);
+      configured = AxisValues(*k, r.keys);
     } else {
       r.configured.error = FirstLine(k.status().message());
     }
   }
 
-  // Simulations in order of the time bound, `jobs` at a time.
+  // Simulations in order of the time bound, `jobs` at a time; the candidate on the
+  // configured point's values first, so that a search cut short by its budget still has
+  // that point's answer (the candidate keeps the rest of the config as tune sets it).
   std::vector<size_t> order;
   for (size_t i = 0; i < r.points.size(); ++i)
     if (valid[i]) order.push_back(i);
   std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-    return r.points[x].time_bound_s < r.points[y].time_bound_s;
+    const bool cx = r.points[x].values == configured, cy = r.points[y].values == configured;
+    return cx != cy ? cx : r.points[x].time_bound_s < r.points[y].time_bound_s;
   });
   const double simulate_start = elapsed();
   std::vector<size_t> fits;  // simulated points that fit, best first

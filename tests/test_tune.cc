@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "core/files.h"
 #include "helpers.h"
@@ -296,4 +297,32 @@ TEST_CASE("tune: shards merged give the single run's top K, results files resume
   REQUIRE(finished.ok());
   for (size_t n = 0; n < single->top.size(); ++n)
     CHECK(Key(finished->points[finished->top[n]]) == Key(single->points[single->top[n]]));
+}
+
+TEST_CASE("tune: the configured point is simulated first, whatever its bound") {
+  // The small config (tp 2, pp 2, micro-batch 1, full recompute, 1F1B) is one of the
+  // restricted space's points, not the one with the lowest time bound: the results file,
+  // written in simulation order, starts with it, so that a search its budget cuts short
+  // still has the configured point's answer.
+  const std::string cfg = SmallConfig();
+  TuneOptions o = Restricted(false, 1);
+  o.jobs = 1;
+  o.results_path = TempDir() + "/order.jsonl";
+  auto r = RunTune(cfg, {}, o);
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  auto text = ReadFile(o.results_path);
+  REQUIRE(text.ok());
+  const std::string first_point = text->substr(text->find('\n') + 1);  // after the header
+  const auto j = nlohmann::json::parse(first_point.substr(0, first_point.find('\n')));
+  const auto& v = j.at("values");
+  CHECK(v.at("parallelism.tp") == "2");
+  CHECK(v.at("parallelism.pp") == "2");
+  CHECK(v.at("parallelism.cp") == "1");
+  CHECK(v.at("training.micro_batch_size") == "1");
+  CHECK(v.at("training.recompute") == "full");
+  CHECK(v.at("schedule.pipeline") == "1f1b");
+  double lowest = j.at("time_bound_s").get<double>();
+  for (const TunePoint& p : r->points)
+    if (p.state == TuneState::kSimulated) lowest = std::min(lowest, p.time_bound_s);
+  CHECK(lowest < j.at("time_bound_s").get<double>());
 }
