@@ -1028,7 +1028,10 @@ void RunParallel(size_t n, const std::function<void(size_t)>& f) {
 namespace {
 
 // `w` null: the text part of `in` only.
-Status CheckInput(const ListInput& in, const ModalityWork* w) {
+// `text` (where given): the text-only pass the placement starts from.
+Status CheckInput(const ListInput& in, const ModalityWork* w, const TextTimeline* text = nullptr) {
+  if (text && text->due.size() != static_cast<size_t>(in.shape.dp) * in.shape.m)
+    return Internal("modality list scheduler: a text timeline of another pipeline");
   const PipelineShape& sh = in.shape;
   const size_t T = w ? w->vision.size() : in.vf_s.size(), R = static_cast<size_t>(sh.dp) * sh.pp;
   const size_t DM = static_cast<size_t>(sh.dp) * sh.m;
@@ -1088,9 +1091,7 @@ StatusOr<TextTimeline> ScheduleText(const ListInput& in) {
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
                                       const std::vector<ListRules>& alternatives,
                                       const TextTimeline& text) {
-  RETURN_IF_ERROR(CheckInput(in, &w));
-  if (text.due.size() != static_cast<size_t>(in.shape.dp) * in.shape.m)
-    return Internal("modality list scheduler: a text timeline of another pipeline");
+  RETURN_IF_ERROR(CheckInput(in, &w, &text));
   // Each alternative repeats passes while its makespan improves and keeps its best pass.
   // Alternatives are independent: they run on the machine's cores. The winner is the
   // shortest makespan, the first alternative among equals (as one after the other would
@@ -1168,9 +1169,7 @@ StatusOr<std::vector<double>> Probe(const std::vector<ListProbe>& probes,
   std::vector<double> makespan(probes.size(), kInf);
   std::vector<Status> status(probes.size(), Status::Ok());
   for (size_t i = 0; i < probes.size(); ++i) {
-    RETURN_IF_ERROR(CheckInput(*probes[i].in, probes[i].work));
-    if (text.due.size() != static_cast<size_t>(probes[i].in->shape.dp) * probes[i].in->shape.m)
-      return Internal("modality list scheduler: a text timeline of another pipeline");
+    RETURN_IF_ERROR(CheckInput(*probes[i].in, probes[i].work, &text));
   }
   RunParallel(probes.size(), [&](size_t i) {
     const ListProbe& x = probes[i];
