@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -22,6 +23,7 @@
 #include "planner/data.h"
 #include "planner/modality.h"
 #include "planner/plan.h"
+#include "planner/schedules.h"
 #include "planner/workload.h"
 #include "planner/yaml_doc.h"
 
@@ -203,10 +205,63 @@ class ModalityFlops {
   std::map<std::array<int, 3>, double> known_;
 };
 
+// Per pipeline stage, the numbers of micro-batches whose saved activations each chunk
+// holds after each forward of a text schedule's order (distinct vectors only): the text
+// activations of a rank peak at one of them. The order is taken at its most frugal: a
+// split backward frees at its I what its W frees later (the list scheduler may pull a W
+// earlier, never before its I), and an overlapped pair frees before it allocates. Kept per
+// schedule shape, which many points share.
+class AliveCounts {
+ public:
+  using Counts = std::vector<std::vector<std::vector<int>>>;  // [stage][vector][chunk]
+  // Null when the schedule cannot be built (the point's own plan then reports why).
+  std::shared_ptr<const Counts> Of(const Config& k, PipelineKind kind) {
+    const ParallelConfig& par = k.parallel;
+    const std::array<int, 6> key = {static_cast<int>(kind), par.pp, par.vp,
+                                    k.training.microbatches,
+                                    par.microbatch_group_size_per_vp_stage,
+                                    k.schedule.zb_max_pending};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = known_.find(key); it != known_.end()) return it->second;
+    }
+    std::shared_ptr<Counts> counts;
+    auto orders = TextSchedule(kind, par.pp, par.vp, k.training.microbatches,
+                               par.microbatch_group_size_per_vp_stage, k.schedule.zb_max_pending);
+    if (orders.ok()) {
+      counts = std::make_shared<Counts>();
+      for (const StageOrder& order : *orders) {
+        std::set<std::vector<int>> seen;
+        std::vector<int> alive(par.vp, 0);
+        for (size_t i = 0; i < order.size(); ++i) {
+          // An overlapped pair (F and B as one unit): its backward's free first.
+          const bool pair = order[i].overlap_next && i + 1 < order.size();
+          const size_t last = pair ? i + 1 : i;
+          for (int frees : {1, 0})
+            for (size_t j = i; j <= last; ++j) {
+              const Step& st = order[j];
+              if (frees && (st.kind == OpKind::kB || st.kind == OpKind::kI)) --alive[st.chunk];
+              if (!frees && st.kind == OpKind::kF) ++alive[st.chunk], seen.insert(alive);
+            }
+          i = last;
+        }
+        counts->emplace_back(seen.begin(), seen.end());
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    return known_[key] = counts;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::array<int, 6>, std::shared_ptr<const Counts>> known_;
+};
+
 // What the bounds of a group of points (one config, any schedule) are computed from: the
 // text workload per stage placement, and the encoder's and generator's FLOPs.
 struct ShapeWork {
   ModalityFlops* modality;
+  AliveCounts* alive;
   std::optional<TextWorkload> by_placement[2];  // StagePlacement kLoop, kV
   const TextWorkload& Text(const Config& k, StagePlacement placement) {
     auto& tw = by_placement[placement == StagePlacement::kV];
@@ -239,9 +294,16 @@ void Bound(const Config& k, PipelineKind kind, ShapeWork* shape, TunePoint* p) {
   double head = 0, tail = 0;  // forwards / input gradients of global stages 0..s-1
   double text_rank_s = 0;     // text work of the mean rank
   p->time_bound_s = p->memory_bound_bytes = 0;
+  // Saved text activations: none under memory: auto, which may choose modes that keep
+  // fewer bytes than the configured ones; one forward's where activations are offloaded
+  // (copies may leave as soon as a forward ends); else their peak over the schedule's order.
+  bool offloads = t.offload != ActPlace::kDevice;
+  for (ActPlace a : t.offload_by_rank) offloads = offloads || a != ActPlace::kDevice;
+  const auto alive = t.memory_auto || offloads ? nullptr : shape->alive->Of(k, kind);
   for (int s = 0; s < par.pp; ++s) {
     double work = 0, before_last = 0, params = 0;
-    double first_act = t.memory_auto ? 0 : std::numeric_limits<double>::infinity();
+    double text_act = t.memory_auto ? 0 : std::numeric_limits<double>::infinity();
+    std::vector<double> act(par.vp);
     for (int ch = 0; ch < par.vp; ++ch) {
       const int g = GlobalStage(placement, par.pp, ch, s);
       double b = seconds(tw.b[g]);
@@ -249,9 +311,12 @@ void Bound(const Config& k, PipelineKind kind, ShapeWork* shape, TunePoint* p) {
       work += seconds(tw.f[g]) + b;
       before_last += seconds(tw.f[g]) + input_grad(g);
       params += tw.params_per_gpu[g];
-      // memory: auto may choose modes that keep fewer bytes than the configured ones.
-      if (!t.memory_auto) first_act = std::min(first_act, std::max(0.0, tw.f[g].mem_delta_bytes));
+      act[ch] = std::max(0.0, tw.f[g].mem_delta_bytes);
+      if (!t.memory_auto) text_act = std::min(text_act, act[ch]);
     }
+    if (alive)
+      for (const std::vector<int>& n : (*alive)[s])
+        text_act = std::max(text_act, std::inner_product(n.begin(), n.end(), act.begin(), 0.0));
     // Every text op of the rank starts after `head`; its last B (I) follows all its Fs and
     // Bs (Is) and is followed by the B (I) chain of the stages below.
     p->time_bound_s = std::max({p->time_bound_s, head + m * work, head + m * before_last + tail});
@@ -267,7 +332,7 @@ void Bound(const Config& k, PipelineKind kind, ShapeWork* shape, TunePoint* p) {
         (t.muon ? 8 : 12) * params / (t.zero_stage >= 1 || movable ? shard : 1);
     p->memory_bound_bytes =
         std::max(p->memory_bound_bytes,
-                 2 * params + grads + optimizer + so.memory.reserve_bytes + first_act);
+                 2 * params + grads + optimizer + so.memory.reserve_bytes + text_act);
     text_rank_s += m * work / par.pp;
   }
   // The encoder's and generator's work adds to the ranks' busy time: the step is at least
@@ -736,6 +801,7 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
     if (i == 0 || !same_shape(i - 1, i)) groups.push_back(i);
   std::vector<uint8_t> valid(r.points.size(), 1);
   ModalityFlops modality;
+  AliveCounts alive;
   const size_t schedule_axis = shape_axes;
   std::atomic<size_t> bounded{0};
   std::mutex progress_mu;
@@ -756,7 +822,7 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
     for (; i < end && !k; ++i)
       if (!(k = parse(r.points[i]))) valid[i] = 0;
     if (!k) return;
-    ShapeWork shape{&modality};
+    ShapeWork shape{&modality, &alive};
     for (size_t j = i - 1; j < end; ++j) {
       PipelineKind kind = k->schedule.pipeline;
       for (PipelineKind s : kSchedules)
@@ -777,7 +843,7 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
     on_gpus.push_back(fmt::format("cluster.nodes={}", gpus / gpn));
     auto k = LoadConfig(path, on_gpus);
     if (k.ok()) {
-      ShapeWork shape{&modality};
+      ShapeWork shape{&modality, &alive};
       Bound(*k, k->schedule.pipeline, &shape, &r.configured);
       Simulate(*k, capacity, &r.configured);
       configured = AxisValues(*k, r.keys);

@@ -6,8 +6,11 @@
 //  - memory: the bf16 weights, fp32 gradients and optimizer states of its busiest pipeline
 //    rank's LLM layers (what StaticMemory charges, leaving out what ZeRO-2, host gradients
 //    or Muon could shrink; no gradients under memory: auto with `gradients`, which may
-//    move them), the reserve and the saved activations of one forward (none under
-//    memory: auto, which may keep fewer): no plan of the point can need less, so a
+//    move them), the reserve, and the saved text activations at their peak over the
+//    rank's schedule order (every rank runs its text ops in that order; a W's frees taken
+//    at its I, as the list scheduler may pull a W earlier, and an overlapped pair's
+//    backward before its forward; none under memory: auto, which may keep fewer; one
+//    forward's where activations are offloaded): no plan of the point can need less, so a
 //    point whose bound is above the HBM less the headroom cannot fit;
 //  - step time: for each pipeline rank, no text op starts before the first micro-batch's
 //    forwards through the stages before it (`head`); the rank's last backward (split

@@ -326,3 +326,52 @@ TEST_CASE("tune: the configured point is simulated first, whatever its bound") {
     if (p.state == TuneState::kSimulated) lowest = std::min(lowest, p.time_bound_s);
   CHECK(lowest < j.at("time_bound_s").get<double>());
 }
+
+TEST_CASE("tune: the memory bound holds the forwards a schedule keeps in flight") {
+  // Nothing recomputed, one replica of four stages (the global batch of 16 samples in 16
+  // micro-batches): 1F1B's stage s holds pp - s forwards' activations at its peak, GPipe's
+  // all 16. The bound is the busiest
+  // stage's static bytes plus those activations, each read from the point's own plan and
+  // simulation (static bytes: weights, gradients, optimizer states, reserve).
+  const std::string cfg = SmallConfig();
+  TuneOptions o;
+  o.only = {*ParseVary("parallelism.tp=2"),          *ParseVary("parallelism.cp=1"),
+            *ParseVary("parallelism.pp=4"),          *ParseVary("parallelism.vp=1"),
+            *ParseVary("training.micro_batch_size=1"), *ParseVary("training.recompute=none"),
+            *ParseVary("schedule.pipeline=1f1b,gpipe")};
+  o.gpus = 8;
+  o.prune = false;
+  auto r = RunTune(cfg, {}, o);
+  REQUIRE(r.ok());
+  REQUIRE(r->points.size() == 2);
+  for (const TunePoint& p : r->points) {
+    REQUIRE(p.state == TuneState::kSimulated);
+    auto yaml = TunedConfigYaml(cfg, {}, *r, p);
+    REQUIRE(yaml.ok());
+    auto doc = YamlDoc::FromString("point", *yaml);
+    REQUIRE(doc.ok());
+    auto k = ParseConfig(std::move(*doc));
+    REQUIRE(k.ok());
+    REQUIRE(k->parallel.dp == 1);
+    const int m = k->training.microbatches, pp = 4;
+    REQUIRE(m == 16);
+    auto t = BuildPlan(*k);
+    REQUIRE(t.ok());
+    auto sim = RunSimulation(*t, SimOptionsFor(*k));
+    REQUIRE(sim.ok());
+    const bool gpipe = k->schedule.pipeline == PipelineKind::kGpipe;
+    double expected = 0;
+    for (int s = 0; s < pp; ++s) {
+      double act = 0;  // a forward's saved activations on stage s (rank s: dp 1, tp 2)
+      for (OpId i = 0; i < t->size(); ++i)
+        if (t->rank(i) == s && t->kind(i) == OpKind::kF && t->module(i) == Module::kText)
+          act = t->work(i).mem_delta_bytes;
+      REQUIRE(act > 0);
+      const auto& cat = sim->memory[s].peak_by_cat;
+      const double fixed = cat[kWeights] + cat[kGrads] + cat[kOptimizer] + cat[kReserve];
+      expected = std::max(expected, fixed + (gpipe ? m : pp - s) * act);
+    }
+    CHECK(p.memory_bound_bytes == doctest::Approx(expected).epsilon(1e-9));
+    CHECK(p.memory_bound_bytes <= p.metrics.peak_memory_bytes * (1 + 1e-9));
+  }
+}
