@@ -217,7 +217,9 @@ class AliveCounts {
   // Null when the schedule cannot be built (the point's own plan then reports why).
   std::shared_ptr<const Counts> Of(const Config& k, PipelineKind kind) {
     const ParallelConfig& par = k.parallel;
-    const std::array<int, 6> key = {static_cast<int>(kind), par.pp, par.vp,
+    const std::array<int, 6> key = {static_cast<int>(kind),
+                                    par.pp,
+                                    par.vp,
                                     k.training.microbatches,
                                     par.microbatch_group_size_per_vp_stage,
                                     k.schedule.zb_max_pending};
@@ -330,9 +332,8 @@ void Bound(const Config& k, PipelineKind kind, ShapeWork* shape, TunePoint* p) {
         t.grad_offload || movable ? 0 : 4 * params / (t.zero_stage >= 2 ? shard : 1);
     const double optimizer =
         (t.muon ? 8 : 12) * params / (t.zero_stage >= 1 || movable ? shard : 1);
-    p->memory_bound_bytes =
-        std::max(p->memory_bound_bytes,
-                 2 * params + grads + optimizer + so.memory.reserve_bytes + text_act);
+    p->memory_bound_bytes = std::max(
+        p->memory_bound_bytes, 2 * params + grads + optimizer + so.memory.reserve_bytes + text_act);
     text_rank_s += m * work / par.pp;
   }
   // The encoder's and generator's work adds to the ranks' busy time: the step is at least

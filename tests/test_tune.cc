@@ -335,9 +335,12 @@ TEST_CASE("tune: the memory bound holds the forwards a schedule keeps in flight"
   // simulation (static bytes: weights, gradients, optimizer states, reserve).
   const std::string cfg = SmallConfig();
   TuneOptions o;
-  o.only = {*ParseVary("parallelism.tp=2"),          *ParseVary("parallelism.cp=1"),
-            *ParseVary("parallelism.pp=4"),          *ParseVary("parallelism.vp=1"),
-            *ParseVary("training.micro_batch_size=1"), *ParseVary("training.recompute=none"),
+  o.only = {*ParseVary("parallelism.tp=2"),
+            *ParseVary("parallelism.cp=1"),
+            *ParseVary("parallelism.pp=4"),
+            *ParseVary("parallelism.vp=1"),
+            *ParseVary("training.micro_batch_size=1"),
+            *ParseVary("training.recompute=none"),
             *ParseVary("schedule.pipeline=1f1b,gpipe")};
   o.gpus = 8;
   o.prune = false;
