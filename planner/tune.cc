@@ -172,15 +172,24 @@ std::string FirstLine(const std::string& s) {
   return s.substr(0, s.find('\n'));
 }
 
-// FLOPs of the step's encoder and generator forwards and backwards, all GPUs: 3x the
-// forward (backward GEMMs twice the forward's), one forward more with full recompute. They
-// depend on the point only through the step's packing (dp, micro-batches, their size):
-// kept per packing, as drawing and packing a large step's samples is most of a bound's cost.
-class ModalityFlops {
+// GPU-seconds of the step's encoder and generator forwards and backwards, at the rates
+// the cost model charges them (CostModel::ComputeParts adds GEMMs at the GEMM rate,
+// attention at the attention rate and HBM traffic at its bandwidth; both run in bf16).
+// Every sizing of a task (whole images side by side on a rank's GPUs, CP gang shards,
+// layer-group pieces, generator shards) runs the same FLOPs and HBM traffic over its GPUs,
+// and a rank is busy for its busiest GPU's share, so the ranks' busy seconds hold at least
+// these over the GPUs. Left out: launches, gather-KV and TP collectives, decoupled's
+// recompute forward. The backward: its GEMMs twice the forward's (three times with full
+// recompute), attention as many times and once more under selective recompute (modality.cc:
+// TaskFromLoad, BuildModalityWork), HBM traffic twice the forward's. They depend on the
+// point only through the step's packing (dp, micro-batches, their size): kept per packing,
+// as drawing and packing a large step's samples is most of a bound's cost.
+class ModalitySeconds {
  public:
   double Of(const Config& k) {
-    const bool vision = k.model.vision.enabled, generator = k.model.generator.enabled;
-    if (!vision && !generator) return 0;
+    const VisionConfig& v = k.model.vision;
+    const GeneratorConfig& gen = k.model.generator;
+    if (!v.enabled && !gen.enabled) return 0;
     const std::array<int, 3> key = {k.parallel.dp, k.training.microbatches,
                                     k.training.micro_batch_size};
     {
@@ -189,15 +198,33 @@ class ModalityFlops {
     }
     auto batch = MakeStepBatch(k);
     if (!batch.ok()) return 0;
-    double v = 0, g = 0;
+    const GpuSpec& s = k.cluster.spec;
+    // One forward's GEMM FLOPs, attention FLOPs and HBM bytes -> forward and backward seconds.
+    auto seconds = [&](Recompute r, double gemm, double attn, double hbm) {
+      const double again = r == Recompute::kFull ? 1 : 0, sel = r == Recompute::kSelective ? 1 : 0;
+      return (3 + again) * gemm / (s.bf16_flops * s.compute_efficiency) +
+             (3 + again + sel) * attn / (s.bf16_flops * s.attention_efficiency) +
+             3 * hbm / (s.hbm_bw * s.hbm_efficiency);
+    };
+    double total = 0;
     for (const auto& replica : batch->replicas)
-      for (const MicroBatch& mb : replica)
-        v += vision ? mb.vision_flops : 0, g += generator ? GeneratorForward(k, mb).flops : 0;
-    auto passes = [](Recompute r) { return r == Recompute::kFull ? 4 : 3; };
-    const double flops =
-        passes(k.model.vision.recompute) * v + passes(k.model.generator.recompute) * g;
+      for (const MicroBatch& mb : replica) {
+        if (v.enabled)
+          for (const Sample& smp : mb.samples)
+            for (const Image& img : smp.images) {
+              const double P = static_cast<double>(Patches(img, v.patch));
+              const double attn = v.layers * 4 * P * P * v.hidden;
+              total += seconds(v.recompute, VisionImageFlops(k, Patches(img, v.patch)) - attn, attn,
+                               P * v.layers * (20.0 * v.hidden + 4.0 * v.mlp));
+            }
+        if (gen.enabled) {
+          const GeneratorFlops g = GeneratorForward(k, mb);
+          total += seconds(gen.recompute, g.flops - g.attn, g.attn,
+                           g.tokens * gen.layers * (20.0 * gen.hidden + 4.0 * gen.mlp));
+        }
+      }
     std::lock_guard<std::mutex> lock(mu_);
-    return known_[key] = flops;
+    return known_[key] = total;
   }
 
  private:
@@ -260,9 +287,9 @@ class AliveCounts {
 };
 
 // What the bounds of a group of points (one config, any schedule) are computed from: the
-// text workload per stage placement, and the encoder's and generator's FLOPs.
+// text workload per stage placement, and the encoder's and generator's GPU-seconds.
 struct ShapeWork {
-  ModalityFlops* modality;
+  ModalitySeconds* modality;
   AliveCounts* alive;
   std::optional<TextWorkload> by_placement[2];  // StagePlacement kLoop, kV
   const TextWorkload& Text(const Config& k, StagePlacement placement) {
@@ -337,15 +364,10 @@ void Bound(const Config& k, PipelineKind kind, ShapeWork* shape, TunePoint* p) {
     text_rank_s += m * work / par.pp;
   }
   // The encoder's and generator's work adds to the ranks' busy time: the step is at least
-  // the mean busy time of a rank, its text work plus that work spread over all GPUs at the
-  // fastest rate any kernel reaches.
-  if (const double flops = shape->modality->Of(k); flops > 0) {
-    const GpuSpec& spec = k.cluster.spec;
-    const double peak = t.precision == Precision::kFp8 ? std::max(spec.fp8_flops, spec.bf16_flops)
-                                                       : spec.bf16_flops;
-    const double rate = peak * std::max(spec.compute_efficiency, spec.attention_efficiency);
-    p->time_bound_s = std::max(p->time_bound_s, text_rank_s + flops / rate / k.world());
-  }
+  // the mean busy time of a rank, its text work plus that work's GPU-seconds spread over all
+  // GPUs.
+  if (const double gpu_s = shape->modality->Of(k); gpu_s > 0)
+    p->time_bound_s = std::max(p->time_bound_s, text_rank_s + gpu_s / k.world());
 }
 
 // Whether a simulated point fits: not out of memory, and its peak within the capacity
@@ -801,7 +823,7 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
   for (size_t i = 0; i < r.points.size(); ++i)
     if (i == 0 || !same_shape(i - 1, i)) groups.push_back(i);
   std::vector<uint8_t> valid(r.points.size(), 1);
-  ModalityFlops modality;
+  ModalitySeconds modality;
   AliveCounts alive;
   const size_t schedule_axis = shape_axes;
   std::atomic<size_t> bounded{0};

@@ -23,6 +23,8 @@
 //    text op of a rank runs on its one compute stream and transfers and modality work only
 //    add, so no schedule, policy or placement ends the step sooner. For 1F1B this is the
 //    text step with the textbook bubble (pp - 1)(F + B); interleaved: (pp - 1)(F + B) / vp.
+//    With an encoder or generator, the step is also at least the mean rank's text work plus
+//    their GPU-seconds over all GPUs at the cost model's rates (ModalitySeconds, tune.cc).
 // Points are simulated in order of their time bound; once K points fit, a point whose bound
 // is not below the K-th best step cannot enter the top K, nor can any after it.
 #pragma once

@@ -6,6 +6,7 @@
 
 #include "core/files.h"
 #include "helpers.h"
+#include "planner/data.h"
 #include "planner/plan.h"
 #include "planner/tune.h"
 
@@ -377,4 +378,77 @@ TEST_CASE("tune: the memory bound holds the forwards a schedule keeps in flight"
     CHECK(p.memory_bound_bytes == doctest::Approx(expected).epsilon(1e-9));
     CHECK(p.memory_bound_bytes <= p.metrics.peak_memory_bytes * (1 + 1e-9));
   }
+}
+
+TEST_CASE("tune: an encoder's GPU-seconds at the cost model's rates bound a multimodal step") {
+  // A small LLM and an encoder whose images (896 x 896 pixels, 14-pixel patches: 64 x 64 =
+  // 4,096 patches) dominate the step. The bound's encoder term, by hand from the cost
+  // model's rates (simulator/cost_model.cc: GEMMs at bf16 x compute_efficiency, attention
+  // at bf16 x attention_efficiency, HBM bytes at hbm_bw x hbm_efficiency, added) and the
+  // encoder's work per image (planner/data.cc, VisionImageFlops; planner/modality.cc,
+  // TaskFromLoad): per layer 2 P (4 d^2 + 2 d mlp) GEMM FLOPs and 4 P^2 d attention FLOPs,
+  // the merger 2 (P/4)(4 d h + h^2) GEMM FLOPs, P (20 d + 4 mlp) HBM bytes per layer; the
+  // backward twice each (no recompute). Every point's bound is at least the images'
+  // seconds over the 8 GPUs and at most its simulated step, and pruning keeps the
+  // exhaustive search's top 3.
+  const std::string path = TempDir() + "/tune_vision.yaml";
+  REQUIRE(WriteFileAtomic(path, R"(cluster: {gpu: H100, nodes: 1, gpus_per_node: 8}
+model:
+  llm: {layers: 4, hidden: 256, ffn: 1024, heads: 4, vocab: 1024}
+  vision: {layers: 4, hidden: 1024, mlp: 4096, heads: 16, recompute: none}
+parallelism: {tp: 1, pp: 2}
+training: {seq_length: 2048, micro_batch_size: 1, microbatches: 4}
+data:
+  seed: 3
+  text_tokens: 256
+  images_per_sample: 1
+  images:
+    - {height: 896, width: 896, weight: 1}
+schedule: {pipeline: 1f1b, modality: nested}
+)")
+              .ok());
+  TuneOptions o;
+  o.top_k = 3;
+  o.jobs = 2;
+  o.only = {*ParseVary("parallelism.tp=1"), *ParseVary("parallelism.cp=1"),
+            *ParseVary("parallelism.vp=1"), *ParseVary("training.recompute=none"),
+            *ParseVary("schedule.pipeline=1f1b,gpipe")};
+  o.prune = false;
+  auto full = RunTune(path, {}, o);
+  REQUIRE_MESSAGE(full.ok(), full.status().message());
+  o.prune = true;
+  auto pruned = RunTune(path, {}, o);
+  REQUIRE(pruned.ok());
+  const double P = 4096, L = 4, d = 1024, mlp = 4096, h = 256;
+  const double gemm = L * 2 * P * (4 * d * d + 2 * d * mlp) + 2 * (P / 4) * (4 * d * h + h * h);
+  const double attn = L * 4 * P * P * d, hbm = L * P * (20 * d + 4 * mlp);
+  const double per_image = 3 * gemm / (989e12 * 0.75) + 3 * attn / (989e12 * 0.50) +
+                           3 * hbm / (3.35e12 * 0.80);  // H100: catalog rates
+  size_t simulated = 0;
+  for (const TunePoint& p : full->points) {
+    if (p.state != TuneState::kSimulated) continue;
+    ++simulated;
+    auto yaml = TunedConfigYaml(path, {}, *full, p);
+    REQUIRE(yaml.ok());
+    auto doc = YamlDoc::FromString("point", *yaml);
+    REQUIRE(doc.ok());
+    auto k = ParseConfig(std::move(*doc));
+    REQUIRE(k.ok());
+    auto batch = MakeStepBatch(*k);
+    REQUIRE(batch.ok());
+    double images = 0;
+    for (const auto& replica : batch->replicas)
+      for (const MicroBatch& mb : replica)
+        for (const Sample& s : mb.samples) images += s.images.size();
+    REQUIRE(images > 0);
+    CHECK(p.time_bound_s >= images * per_image / 8 * (1 - 1e-9));
+    CHECK(p.time_bound_s <= p.metrics.step_time_s * (1 + 1e-9));
+  }
+  CHECK(simulated > 10);
+  CHECK(full->time_bound_misses == 0);
+  REQUIRE(full->top.size() == 3);
+  REQUIRE(pruned->top.size() == 3);
+  for (size_t n = 0; n < 3; ++n)
+    CHECK(Key(full->points[full->top[n]]) == Key(pruned->points[pruned->top[n]]));
+  CHECK(pruned->count(TuneState::kSimulated) < full->count(TuneState::kSimulated));
 }
