@@ -44,6 +44,15 @@ std::string Key(const TunePoint& p) {
   return k;
 }
 
+// A point's config, parsed from the YAML `tune -o` would write for it.
+StatusOr<Config> PointConfig(const std::string& cfg, const TuneResult& r, const TunePoint& p) {
+  auto yaml = TunedConfigYaml(cfg, {}, r, p);
+  REQUIRE(yaml.ok());
+  auto doc = YamlDoc::FromString("point", *yaml);
+  REQUIRE(doc.ok());
+  return ParseConfig(std::move(*doc));
+}
+
 }  // namespace
 
 TEST_CASE("tune: pruning keeps the exhaustive search's top K, and every bound holds") {
@@ -116,11 +125,7 @@ TEST_CASE("tune: the best point is the fastest of a sweep of the same space, its
   // Independently: every point of the space planned and simulated from its own YAML.
   double fastest = 1e300;
   for (const TunePoint& p : r->points) {
-    auto yaml = TunedConfigYaml(cfg, {}, *r, p);
-    REQUIRE(yaml.ok());
-    auto doc = YamlDoc::FromString("point", *yaml);
-    REQUIRE(doc.ok());
-    auto k = ParseConfig(std::move(*doc));
+    auto k = PointConfig(cfg, *r, p);
     if (!k.ok()) continue;
     auto t = BuildPlan(*k);
     if (!t.ok()) continue;
@@ -156,11 +161,7 @@ TEST_CASE("tune: 1F1B's time bound is the text step with the textbook bubble") {
   REQUIRE(r->points.size() == 1);
   const TunePoint& p = r->points[0];
   REQUIRE(p.state == TuneState::kSimulated);
-  auto yaml = TunedConfigYaml(cfg, {}, *r, p);
-  REQUIRE(yaml.ok());
-  auto doc = YamlDoc::FromString("point", *yaml);
-  REQUIRE(doc.ok());
-  auto k = ParseConfig(std::move(*doc));
+  auto k = PointConfig(cfg, *r, p);
   REQUIRE(k.ok());
   auto t = BuildPlan(*k);
   REQUIRE(t.ok());
@@ -350,11 +351,7 @@ TEST_CASE("tune: the memory bound holds the forwards a schedule keeps in flight"
   REQUIRE(r->points.size() == 2);
   for (const TunePoint& p : r->points) {
     REQUIRE(p.state == TuneState::kSimulated);
-    auto yaml = TunedConfigYaml(cfg, {}, *r, p);
-    REQUIRE(yaml.ok());
-    auto doc = YamlDoc::FromString("point", *yaml);
-    REQUIRE(doc.ok());
-    auto k = ParseConfig(std::move(*doc));
+    auto k = PointConfig(cfg, *r, p);
     REQUIRE(k.ok());
     REQUIRE(k->parallel.dp == 1);
     const int m = k->training.microbatches, pp = 4;
@@ -428,11 +425,7 @@ schedule: {pipeline: 1f1b, modality: nested}
   for (const TunePoint& p : full->points) {
     if (p.state != TuneState::kSimulated) continue;
     ++simulated;
-    auto yaml = TunedConfigYaml(path, {}, *full, p);
-    REQUIRE(yaml.ok());
-    auto doc = YamlDoc::FromString("point", *yaml);
-    REQUIRE(doc.ok());
-    auto k = ParseConfig(std::move(*doc));
+    auto k = PointConfig(path, *full, p);
     REQUIRE(k.ok());
     auto batch = MakeStepBatch(*k);
     REQUIRE(batch.ok());
