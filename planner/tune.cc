@@ -101,6 +101,9 @@ constexpr PipelineKind kSchedules[] = {
     PipelineKind::kGpipe,     PipelineKind::k1F1B,         PipelineKind::kInterleaved1F1B,
     PipelineKind::kZbH1,      PipelineKind::kZbH2,         PipelineKind::kZbv,
     PipelineKind::kDualPipeV, PipelineKind::kInterleavedZb};
+constexpr ModalityPolicy kModalityPolicies[] = {
+    ModalityPolicy::kInline, ModalityPolicy::kDecoupled, ModalityPolicy::kNested,
+    ModalityPolicy::kBubbleFill, ModalityPolicy::kOptimus};
 
 // Schedules that take a given vp (config.cc's rules).
 bool ScheduleTakes(PipelineKind k, int pp, int vp) {
@@ -184,12 +187,16 @@ std::string FirstLine(const std::string& s) {
 // TaskFromLoad, BuildModalityWork), HBM traffic twice the forward's. They depend on the
 // point only through the step's packing (dp, micro-batches, their size): kept per packing,
 // as drawing and packing a large step's samples is most of a bound's cost.
+struct ModalityBusy {
+  double total_s = 0;           // all of it, GPU-seconds
+  double replica_vision_s = 0;  // the encoder's of the replica with the most, GPU-seconds
+};
 class ModalitySeconds {
  public:
-  double Of(const Config& k) {
+  ModalityBusy Of(const Config& k) {
     const VisionConfig& v = k.model.vision;
     const GeneratorConfig& gen = k.model.generator;
-    if (!v.enabled && !gen.enabled) return 0;
+    if (!v.enabled && !gen.enabled) return {};
     const std::array<int, 3> key = {k.parallel.dp, k.training.microbatches,
                                     k.training.micro_batch_size};
     {
@@ -197,7 +204,7 @@ class ModalitySeconds {
       if (auto it = known_.find(key); it != known_.end()) return it->second;
     }
     auto batch = MakeStepBatch(k);
-    if (!batch.ok()) return 0;
+    if (!batch.ok()) return {};
     const GpuSpec& s = k.cluster.spec;
     // One forward's GEMM FLOPs, attention FLOPs and HBM bytes -> forward and backward seconds.
     auto seconds = [&](Recompute r, double gemm, double attn, double hbm) {
@@ -206,30 +213,34 @@ class ModalitySeconds {
              (3 + again + sel) * attn / (s.bf16_flops * s.attention_efficiency) +
              3 * hbm / (s.hbm_bw * s.hbm_efficiency);
     };
-    double total = 0;
-    for (const auto& replica : batch->replicas)
+    ModalityBusy busy;
+    for (const auto& replica : batch->replicas) {
+      double vision = 0;
       for (const MicroBatch& mb : replica) {
         if (v.enabled)
           for (const Sample& smp : mb.samples)
             for (const Image& img : smp.images) {
               const double P = static_cast<double>(Patches(img, v.patch));
               const double attn = v.layers * 4 * P * P * v.hidden;
-              total += seconds(v.recompute, VisionImageFlops(k, Patches(img, v.patch)) - attn, attn,
-                               P * v.layers * (20.0 * v.hidden + 4.0 * v.mlp));
+              vision += seconds(v.recompute, VisionImageFlops(k, Patches(img, v.patch)) - attn,
+                                attn, P * v.layers * (20.0 * v.hidden + 4.0 * v.mlp));
             }
         if (gen.enabled) {
           const GeneratorFlops g = GeneratorForward(k, mb);
-          total += seconds(gen.recompute, g.flops - g.attn, g.attn,
-                           g.tokens * gen.layers * (20.0 * gen.hidden + 4.0 * gen.mlp));
+          busy.total_s += seconds(gen.recompute, g.flops - g.attn, g.attn,
+                                  g.tokens * gen.layers * (20.0 * gen.hidden + 4.0 * gen.mlp));
         }
       }
+      busy.total_s += vision;
+      busy.replica_vision_s = std::max(busy.replica_vision_s, vision);
+    }
     std::lock_guard<std::mutex> lock(mu_);
-    return known_[key] = total;
+    return known_[key] = busy;
   }
 
  private:
   std::mutex mu_;
-  std::map<std::array<int, 3>, double> known_;
+  std::map<std::array<int, 3>, ModalityBusy> known_;
 };
 
 // Per pipeline stage, the numbers of micro-batches whose saved activations each chunk
@@ -301,7 +312,8 @@ struct ShapeWork {
 
 // The bounds of the header comment (tune.h). `kind`: the point's schedule (k may be the
 // config of another point of its group).
-void Bound(const Config& k, PipelineKind kind, ShapeWork* shape, TunePoint* p) {
+void Bound(const Config& k, PipelineKind kind, ModalityPolicy policy, ShapeWork* shape,
+           TunePoint* p) {
   const TextWorkload& tw = shape->Text(k, PlacementOf(kind));
   const CostModel cost = CostModel::Real(k.cluster.spec);
   const ParallelConfig& par = k.parallel;
@@ -322,6 +334,7 @@ void Bound(const Config& k, PipelineKind kind, ShapeWork* shape, TunePoint* p) {
   auto input_grad = [&](int g) { return split ? seconds(tw.i[g]) : seconds(tw.b[g]); };
   double head = 0, tail = 0;  // forwards / input gradients of global stages 0..s-1
   double text_rank_s = 0;     // text work of the mean rank
+  double first_stage_s = 0;   // of the first stage's ranks
   p->time_bound_s = p->memory_bound_bytes = 0;
   // Saved text activations: none under memory: auto, which may choose modes that keep
   // fewer bytes than the configured ones; one forward's where activations are offloaded
@@ -349,6 +362,7 @@ void Bound(const Config& k, PipelineKind kind, ShapeWork* shape, TunePoint* p) {
     // Every text op of the rank starts after `head`; its last B (I) follows all its Fs and
     // Bs (Is) and is followed by the B (I) chain of the stages below.
     p->time_bound_s = std::max({p->time_bound_s, head + m * work, head + m * before_last + tail});
+    if (s == 0) first_stage_s = m * work;
     const int g0 = GlobalStage(placement, par.pp, 0, s);
     head += seconds(tw.f[g0]), tail += input_grad(g0);
     const double shard = par.dp;
@@ -365,9 +379,13 @@ void Bound(const Config& k, PipelineKind kind, ShapeWork* shape, TunePoint* p) {
   }
   // The encoder's and generator's work adds to the ranks' busy time: the step is at least
   // the mean busy time of a rank, its text work plus that work's GPU-seconds spread over all
-  // GPUs.
-  if (const double gpu_s = shape->modality->Of(k); gpu_s > 0)
-    p->time_bound_s = std::max(p->time_bound_s, text_rank_s + gpu_s / k.world());
+  // GPUs. Inline, a replica's first stage runs all of its images (modality.cc,
+  // AddVisionTasks) on its tp x cp GPUs, after or between its own text work.
+  const ModalityBusy busy = shape->modality->Of(k);
+  p->time_bound_s = std::max(p->time_bound_s, text_rank_s + busy.total_s / k.world());
+  if (policy == ModalityPolicy::kInline)
+    p->time_bound_s =
+        std::max(p->time_bound_s, first_stage_s + busy.replica_vision_s / (par.tp * par.cp));
 }
 
 // Whether a simulated point fits: not out of memory, and its peak within the capacity
@@ -672,10 +690,7 @@ std::vector<VaryAxis> TuneSpace(const Config& c, int gpus) {
   axes.push_back({kPipeline, schedules});
   if (c.model.vision.enabled || c.model.generator.enabled) {
     std::vector<std::string> policies;
-    for (ModalityPolicy p :
-         {ModalityPolicy::kInline, ModalityPolicy::kDecoupled, ModalityPolicy::kNested,
-          ModalityPolicy::kBubbleFill, ModalityPolicy::kOptimus})
-      policies.emplace_back(ModalityName(p));
+    for (ModalityPolicy p : kModalityPolicies) policies.emplace_back(ModalityName(p));
     axes.push_back({kModality, policies});
   }
   return axes;
@@ -826,6 +841,7 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
   ModalitySeconds modality;
   AliveCounts alive;
   const size_t schedule_axis = shape_axes;
+  const size_t modality_axis = std::find(r.keys.begin(), r.keys.end(), kModality) - r.keys.begin();
   std::atomic<size_t> bounded{0};
   std::mutex progress_mu;
   ForEachParallel(groups.size(), o.jobs, [&](size_t gi) {
@@ -851,7 +867,11 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
       for (PipelineKind s : kSchedules)
         if (schedule_axis < r.keys.size() && r.points[j].values[schedule_axis] == PipelineName(s))
           kind = s;
-      Bound(*k, kind, &shape, &r.points[j]);
+      ModalityPolicy policy = k->schedule.modality;
+      if (modality_axis < r.keys.size())
+        for (ModalityPolicy m : kModalityPolicies)
+          if (r.points[j].values[modality_axis] == ModalityName(m)) policy = m;
+      Bound(*k, kind, policy, &shape, &r.points[j]);
     }
   });
   if (o.bound_progress) o.bound_progress(groups.size(), groups.size());
@@ -867,7 +887,7 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
     auto k = LoadConfig(path, on_gpus);
     if (k.ok()) {
       ShapeWork shape{&modality, &alive};
-      Bound(*k, k->schedule.pipeline, &shape, &r.configured);
+      Bound(*k, k->schedule.pipeline, k->schedule.modality, &shape, &r.configured);
       Simulate(*k, capacity, &r.configured);
       configured = AxisValues(*k, r.keys);
     } else {

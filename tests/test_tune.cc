@@ -386,8 +386,8 @@ TEST_CASE("tune: an encoder's GPU-seconds at the cost model's rates bound a mult
   // TaskFromLoad): per layer 2 P (4 d^2 + 2 d mlp) GEMM FLOPs and 4 P^2 d attention FLOPs,
   // the merger 2 (P/4)(4 d h + h^2) GEMM FLOPs, P (20 d + 4 mlp) HBM bytes per layer; the
   // backward twice each (no recompute). Every point's bound is at least the images'
-  // seconds over the 8 GPUs and at most its simulated step, and pruning keeps the
-  // exhaustive search's top 3.
+  // seconds over the 8 GPUs (inline: a replica's images on its first stage) and at most its
+  // simulated step, and pruning keeps the exhaustive search's top 3.
   const std::string path = TempDir() + "/tune_vision.yaml";
   REQUIRE(WriteFileAtomic(path, R"(cluster: {gpu: H100, nodes: 1, gpus_per_node: 8}
 model:
@@ -421,7 +421,7 @@ schedule: {pipeline: 1f1b, modality: nested}
   const double attn = L * 4 * P * P * d, hbm = L * P * (20 * d + 4 * mlp);
   const double per_image = 3 * gemm / (989e12 * 0.75) + 3 * attn / (989e12 * 0.50) +
                            3 * hbm / (3.35e12 * 0.80);  // H100: catalog rates
-  size_t simulated = 0;
+  size_t simulated = 0, inline_points = 0;
   for (const TunePoint& p : full->points) {
     if (p.state != TuneState::kSimulated) continue;
     ++simulated;
@@ -429,15 +429,24 @@ schedule: {pipeline: 1f1b, modality: nested}
     REQUIRE(k.ok());
     auto batch = MakeStepBatch(*k);
     REQUIRE(batch.ok());
-    double images = 0;
-    for (const auto& replica : batch->replicas)
+    double images = 0, replica_images = 0;  // all, and the most of one replica
+    for (const auto& replica : batch->replicas) {
+      double mine = 0;
       for (const MicroBatch& mb : replica)
-        for (const Sample& s : mb.samples) images += s.images.size();
+        for (const Sample& s : mb.samples) mine += s.images.size();
+      images += mine, replica_images = std::max(replica_images, mine);
+    }
     REQUIRE(images > 0);
     CHECK(p.time_bound_s >= images * per_image / 8 * (1 - 1e-9));
+    // Inline: a replica's first stage (tp x cp = 1 GPU) runs all of its images.
+    if (k->schedule.modality == ModalityPolicy::kInline) {
+      ++inline_points;
+      CHECK(p.time_bound_s >= replica_images * per_image * (1 - 1e-9));
+    }
     CHECK(p.time_bound_s <= p.metrics.step_time_s * (1 + 1e-9));
   }
   CHECK(simulated > 10);
+  CHECK(inline_points > 0);
   CHECK(full->time_bound_misses == 0);
   REQUIRE(full->top.size() == 3);
   REQUIRE(pruned->top.size() == 3);
