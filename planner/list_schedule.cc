@@ -76,29 +76,39 @@ class Pass {
     int generator = kNone;   // (d * m + mb) of a generator gang: F and B of every shard
     std::vector<int> ranks;  // its ranks (generator gangs)
   };
+  // What the hot paths need of one text op of a stage's order, computed once per pass (a
+  // rank reads its own stage's entries; ranks are d * pp + stage).
+  struct TextLink {
+    enum Wait : uint8_t { kNothing, kVision, kText };  // what its input waits for
+    double dur = 0;  // its seconds, without the work after the last stage's F
+    int mb = 0;
+    int dep_stage = 0;    // kText: the pp stage of the rank whose output it waits for
+    int dep_pos = 0;      // ... and the position there of the op whose end sends it
+    int wake_stage = -1;  // the pp stage of the rank its output goes to (-1: none)
+    Wait wait = kNothing;
+    bool after_last_f = false;       // F of the last stage with work right after it
+    bool generator_grad = false;     // B of the last stage: waits for the generator's gradient
+    bool release_generator = false;  // F of the last stage: starts the generator gang
+    bool release_vision = false;     // backward of the first stage: encoder gradients back
+    bool first_f = false;            // F of the first stage (a vision window may open)
+    bool overlap_next = false, overlap_prev = false;  // halves of an overlapped pair
+  };
+  void BuildLinks();
   bool Sharded() const { return !in_.gen_shard_s.empty(); }
   void ReleaseGenerator(int r, int mb);
   bool vision() const { return !deadline_.empty(); }
-  int Stage(int r) const { return r % s_.pp; }
-  int Replica(int r) const { return r / s_.pp; }
-  int RankOf(int d, int global_stage) const { return s_.rank(d, s_.home(global_stage).pp_rank); }
+  int Stage(int r) const { return stage_[r]; }
+  int Replica(int r) const { return replica_[r]; }
   static bool Backward(OpKind k) { return k == OpKind::kB || k == OpKind::kI; }
   // Position in its stage's order of a text F, or of the backward that produces the input
   // gradient (B, or I of a split backward).
   int PosOf(int stage, OpKind k, int chunk, int mb) const {
     return pos_of_[stage][(static_cast<size_t>(chunk) * s_.m + mb) * 2 + Backward(k)];
   }
-  int PosOfStage(int d, OpKind k, int g, int mb) const {
-    return PosOf(Stage(RankOf(d, g)), k, s_.home(g).chunk, mb);
-  }
   double Duration(int r, int i) const;
   double Transfer(int a, int b) const;
   double ReadyTime(int r) const;
   double ReadyAt(int r, int i) const;
-  // When the output of rank q's text op p leaves q: its end, or its pair's end.
-  double Sent(int q, int p) const {
-    return end_[q][p + (in_.orders[Stage(q)][p].overlap_next ? 1 : 0)];
-  }
   void Push(int r) { queue_.Push(r, free_[r]); }
   void Wake(int r) {
     if (parked_[r]) parked_[r] = 0, Push(r);
@@ -179,7 +189,7 @@ class Pass {
     const VisionTask& v = w_.vision[task];
     const int w = rules_.backward_window;
     if (w <= 0 || v.mb + w >= s_.m) return false;
-    const double st = start_[s_.rank(v.d, 0)][PosOf(0, OpKind::kB, 0, v.mb + w)];
+    const double st = Start(s_.rank(v.d, 0), PosOf(0, OpKind::kB, 0, v.mb + w));
     const bool due = st != kUnknown && st <= t;
     window_bound_ |= due;
     return due;
@@ -203,7 +213,14 @@ class Pass {
     while (pos_[r] < n && pulled_[r][pos_[r]]) ++pos_[r];
   }
   std::vector<double> free_;
-  std::vector<std::vector<double>> start_, end_;  // per rank, per text position
+  // Start and end of rank r's text op i at base_[r] + i (one array: a rank's reads of its
+  // producers' ends stay in few cache lines).
+  std::vector<double> start_, end_;
+  std::vector<size_t> base_;
+  double& Start(int r, int i) { return start_[base_[r] + i]; }
+  double& End(int r, int i) { return end_[base_[r] + i]; }
+  double Start(int r, int i) const { return start_[base_[r] + i]; }
+  double End(int r, int i) const { return end_[base_[r] + i]; }
   std::vector<uint8_t> parked_;
   std::vector<int> posted_;  // gang a rank waits in, or kNone
   std::vector<Job> jobs_;
@@ -239,23 +256,75 @@ class Pass {
   std::priority_queue<std::tuple<double, double, int>, std::vector<std::tuple<double, double, int>>,
                       std::greater<>>
       fallback_;
-  std::set<int> followers_;            // ranks with gangs to follow (follow_ not empty)
-  std::vector<int> first_b_, last_f_;  // per stage: text positions
-  std::vector<double> alive_;          // per rank: encoder activation bytes held
+  std::set<int> followers_;                   // ranks with gangs to follow (follow_ not empty)
+  std::vector<int> first_b_, last_f_;         // per stage: text positions
+  std::vector<double> alive_;                 // per rank: encoder activation bytes held
+  std::vector<int> stage_, replica_;          // per rank
+  std::vector<std::vector<TextLink>> links_;  // per stage, per text position
 };
 
+void Pass::BuildLinks() {
+  const int S = s_.stages();
+  links_.assign(s_.pp, {});
+  for (int s = 0; s < s_.pp; ++s) {
+    const StageOrder& order = in_.orders[s];
+    auto& links = links_[s];
+    links.resize(order.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+      const Step& st = order[i];
+      TextLink& l = links[i];
+      const int g = s_.global(st.chunk, s);
+      l.mb = st.mb;
+      l.overlap_next = st.overlap_next;
+      l.overlap_prev = i > 0 && order[i - 1].overlap_next;
+      const double paired = in_.pair_s.empty() ? -1 : in_.pair_s[s][i];
+      if (paired >= 0 && st.kind != OpKind::kF)
+        l.dur = paired;
+      else if (st.kind == OpKind::kB)
+        l.dur = in_.b_s[g];
+      else if (st.kind == OpKind::kI)
+        l.dur = in_.i_s[g];
+      else if (st.kind == OpKind::kW)
+        l.dur = in_.w_s[g];
+      else
+        l.dur = paired >= 0 ? paired : in_.f_s[g];
+      l.after_last_f = st.kind == OpKind::kF && g == S - 1 && !in_.after_last_f_s.empty();
+      // The op whose output it waits for: a rank's own op, or the op of another whose
+      // output leaves after its overlapped pair's second op.
+      auto wait_for = [&](int q_stage, int p) {
+        l.wait = TextLink::kText;
+        l.dep_stage = q_stage;
+        l.dep_pos = p + (q_stage != s && in_.orders[q_stage][p].overlap_next ? 1 : 0);
+      };
+      if (st.kind == OpKind::kF) {
+        if (g > 0) {
+          const int q = s_.home(g - 1).pp_rank;
+          wait_for(q, PosOf(q, OpKind::kF, s_.home(g - 1).chunk, st.mb));
+        } else if (vision()) {
+          l.wait = TextLink::kVision;
+        }
+        if (g < S - 1) l.wake_stage = s_.home(g + 1).pp_rank;
+        l.release_generator = g == S - 1 && Sharded();
+        l.first_f = g == 0;
+      } else if (Backward(st.kind)) {
+        if (g < S - 1) {
+          const int q = s_.home(g + 1).pp_rank;
+          wait_for(q, PosOf(q, OpKind::kB, s_.home(g + 1).chunk, st.mb));
+        } else {
+          wait_for(s, PosOf(s, OpKind::kF, st.chunk, st.mb));
+          l.generator_grad = Sharded();
+        }
+        if (g > 0) l.wake_stage = s_.home(g - 1).pp_rank;
+        l.release_vision = vision() && g == 0;
+      }
+    }
+  }
+}
+
 double Pass::Duration(int r, int i) const {
-  const Step& st = in_.orders[Stage(r)][i];
-  const int g = s_.global(st.chunk, Stage(r));
-  const double paired = in_.pair_s.empty() ? -1 : in_.pair_s[Stage(r)][i];
-  if (paired >= 0 && st.kind != OpKind::kF) return paired;
-  if (st.kind == OpKind::kB) return in_.b_s[g];
-  if (st.kind == OpKind::kI) return in_.i_s[g];
-  if (st.kind == OpKind::kW) return in_.w_s[g];
-  double d = paired >= 0 ? paired : in_.f_s[g];
-  if (g == s_.stages() - 1 && !in_.after_last_f_s.empty())
-    d += in_.after_last_f_s[static_cast<size_t>(Replica(r)) * s_.m + st.mb];
-  return d;
+  const TextLink& l = links_[Stage(r)][i];
+  if (!l.after_last_f) return l.dur;
+  return l.dur + in_.after_last_f_s[static_cast<size_t>(Replica(r)) * s_.m + l.mb];
 }
 
 double Pass::Transfer(int a, int b) const {
@@ -277,36 +346,19 @@ double Pass::ReadyTime(int r) const {
 // When text op i of rank r has its input: kUnknown while its producer is not placed (the
 // output of an overlapped pair's op leaves after the pair's second op).
 double Pass::ReadyAt(int r, int i) const {
-  const int s = Stage(r), d = Replica(r);
-  const Step& st = in_.orders[s][i];
-  const int g = s_.global(st.chunk, s), S = s_.stages();
-  double ready = 0;
-  if (st.kind == OpKind::kW) return 0;  // after its own I, earlier on the rank
-  if (st.kind == OpKind::kF) {
-    if (g > 0) {
-      const int q = RankOf(d, g - 1);
-      const int p = PosOfStage(d, OpKind::kF, g - 1, st.mb);
-      const double e = q == r ? end_[q][p] : Sent(q, p);
-      if (e == kUnknown) return kUnknown;
-      ready = e + Transfer(q, r);
-    } else if (vision()) {
-      const size_t k = static_cast<size_t>(d) * s_.m + st.mb;
-      if (outstanding_[k] > 0) return kUnknown;
-      ready = arrival_[k];
-    }
-  } else {
-    const int q = g < S - 1 ? RankOf(d, g + 1) : r;
-    const int p =
-        g < S - 1 ? PosOfStage(d, OpKind::kB, g + 1, st.mb) : PosOf(s, OpKind::kF, st.chunk, st.mb);
-    const double e = q == r ? end_[q][p] : Sent(q, p);
-    if (e == kUnknown) return kUnknown;
-    ready = e + Transfer(q, r);
-    const size_t k = static_cast<size_t>(d) * s_.m + st.mb;
-    if (g == S - 1 && Sharded() && gen_gang_[k] != kNone) {  // the generator's gradient
-      const double gen = gen_end_[k];
-      if (gen == kUnknown) return kUnknown;
-      ready = std::max(ready, gen + in_.gen_in_s[r]);
-    }
+  const int s = Stage(r);
+  const TextLink& l = links_[s][i];
+  if (l.wait == TextLink::kNothing) return 0;  // W: after its own I, earlier on the rank
+  const size_t k = static_cast<size_t>(Replica(r)) * s_.m + l.mb;
+  if (l.wait == TextLink::kVision) return outstanding_[k] > 0 ? kUnknown : arrival_[k];
+  const int q = r - s + l.dep_stage;
+  const double e = End(q, l.dep_pos);
+  if (e == kUnknown) return kUnknown;
+  double ready = e + Transfer(q, r);
+  if (l.generator_grad && gen_gang_[k] != kNone) {  // the generator's gradient
+    const double gen = gen_end_[k];
+    if (gen == kUnknown) return kUnknown;
+    ready = std::max(ready, gen + in_.gen_in_s[r]);
   }
   return ready;
 }
@@ -317,7 +369,7 @@ bool Pass::WindowOpen(int task, double t) const {
   const int m = v.mb - rules_.window;
   if (m < 0) return true;
   const int c = s_.rank(v.d, 0);
-  const double st = start_[c][PosOf(0, OpKind::kF, 0, m)];
+  const double st = Start(c, PosOf(0, OpKind::kF, 0, m));
   const bool open = st != kUnknown && st <= t;
   window_bound_ |= !open;
   return open;
@@ -367,15 +419,13 @@ int Pass::Steal(int r, double t, double gap) {
 // The output of rank r's text op i has left r (at r's free time): the ranks that wait for
 // it are woken, a generator gang is released, the encoder's gradients go back.
 void Pass::Deliver(int r, int i) {
-  const int s = Stage(r), d = Replica(r);
-  const Step& st = in_.orders[s][i];
-  const int g = s_.global(st.chunk, s), S = s_.stages();
-  if (st.kind == OpKind::kF && g < S - 1) Wake(RankOf(d, g + 1));
-  if (Backward(st.kind) && g > 0) Wake(RankOf(d, g - 1));
-  if (st.kind == OpKind::kF && g == S - 1 && Sharded()) ReleaseGenerator(r, st.mb);
-  if (vision() && g == 0 && Backward(st.kind)) {
-    // Gradients of micro-batch st.mb's visual tokens go back to the tasks' ranks.
-    const size_t k = static_cast<size_t>(d) * s_.m + st.mb;
+  const int s = Stage(r);
+  const TextLink& l = links_[s][i];
+  if (l.wake_stage >= 0) Wake(r - s + l.wake_stage);
+  if (l.release_generator) ReleaseGenerator(r, l.mb);
+  if (l.release_vision) {
+    // Gradients of micro-batch l.mb's visual tokens go back to the tasks' ranks.
+    const size_t k = static_cast<size_t>(Replica(r)) * s_.m + l.mb;
     for (int j = consumer_begin_[k]; j < consumer_begin_[k + 1]; ++j) {
       const int task = consumer_tasks_[j];
       Job& job = jobs_[task];
@@ -388,24 +438,23 @@ void Pass::Deliver(int r, int i) {
 }
 
 void Pass::RunText(int r, double start) {
-  const int s = Stage(r), d = Replica(r), i = pos_[r];
-  const Step& st = in_.orders[s][i];
+  const int s = Stage(r), i = pos_[r];
+  const TextLink& l = links_[s][i];
   const double dur = Duration(r, i);
-  start_[r][i] = start;
-  end_[r][i] = start + dur;
+  Start(r, i) = start;
+  End(r, i) = start + dur;
   free_[r] = start + dur;
   ++pos_[r];
   Advance(r);
   // The outputs of an overlapped pair leave after its second op.
-  if (!st.overlap_next) {
-    if (i > 0 && in_.orders[s][i - 1].overlap_next) Deliver(r, i - 1);
+  if (!l.overlap_next) {
+    if (l.overlap_prev) Deliver(r, i - 1);
     Deliver(r, i);
   }
-  const int g = s_.global(st.chunk, s);
-  if (vision() && g == 0 && st.kind == OpKind::kF) {
+  if (vision() && l.first_f) {
     // A window may have opened for forwards of later micro-batches.
-    const size_t k = static_cast<size_t>(d) * s_.m + st.mb + rules_.window;
-    if (rules_.window > 0 && st.mb + rules_.window < s_.m)
+    const size_t k = static_cast<size_t>(Replica(r)) * s_.m + l.mb + rules_.window;
+    if (rules_.window > 0 && l.mb + rules_.window < s_.m)
       for (int j = consumer_begin_[k]; j < consumer_begin_[k + 1]; ++j) {
         const int q = jobs_[consumer_tasks_[j]].rank;
         window_bound_ |= parked_[q] != 0;  // without the window it would sleep on
@@ -732,17 +781,22 @@ Status Pass::Run(double cutoff) {
       pos_of_[s][(static_cast<size_t>(st.chunk) * s_.m + st.mb) * 2 + Backward(st.kind)] =
           static_cast<int>(i);
     }
+  stage_.resize(R), replica_.resize(R);
+  for (int r = 0; r < R; ++r) stage_[r] = r % s_.pp, replica_[r] = r / s_.pp;
+  BuildLinks();
   pos_.assign(R, 0);
   free_.assign(R, 0.0);
   parked_.assign(R, 0);
   posted_.assign(R, kNone);
-  start_.resize(R), end_.resize(R), pulled_.resize(R);
+  pulled_.resize(R);
   moved_.assign(R, {});
+  base_.assign(R + 1, 0);
   for (int r = 0; r < R; ++r) {
     const size_t n = in_.orders[Stage(r)].size();
-    start_[r].assign(n, kUnknown), end_[r].assign(n, kUnknown);
+    base_[r + 1] = base_[r] + n;
     pulled_[r].assign(n, 0);
   }
+  start_.assign(base_[R], kUnknown), end_.assign(base_[R], kUnknown);
   follow_.assign(R, {});
   released_.assign(R, {});
   forwards_.assign(R, {});
@@ -899,10 +953,10 @@ bool Pass::PullWeight(int r, double t, double gap) {
     if (pulled_[r][j]) continue;
     ++seen;
     const int i = PosOf(Stage(r), OpKind::kI, st.chunk, st.mb);
-    if (i >= pos_[r] || end_[r][i] == kUnknown) continue;  // its I has not run
+    if (i >= pos_[r] || End(r, i) == kUnknown) continue;  // its I has not run
     const double dur = Duration(r, j);
     if (dur > gap) continue;
-    start_[r][j] = t, end_[r][j] = t + dur;
+    Start(r, j) = t, End(r, j) = t + dur;
     pulled_[r][j] = 1;
     moved_[r].push_back({j, pos_[r]});
     free_[r] = t + dur;
@@ -933,7 +987,7 @@ std::vector<double> Pass::ConsumerStarts() const {
   std::vector<double> out(static_cast<size_t>(s_.dp) * s_.m, 0.0);
   for (int d = 0; d < s_.dp; ++d)
     for (int m = 0; m < s_.m; ++m)
-      out[static_cast<size_t>(d) * s_.m + m] = start_[s_.rank(d, 0)][PosOf(0, OpKind::kF, 0, m)];
+      out[static_cast<size_t>(d) * s_.m + m] = Start(s_.rank(d, 0), PosOf(0, OpKind::kF, 0, m));
   return out;
 }
 
@@ -960,9 +1014,9 @@ std::vector<VisionPlacement> Pass::Placements() const {
 
 TextTimeline Pass::Timeline() const {
   TextTimeline tl;
-  tl.busy.resize(start_.size());
-  for (size_t r = 0; r < start_.size(); ++r)
-    for (size_t i = 0; i < start_[r].size(); ++i) tl.busy[r].push_back({start_[r][i], end_[r][i]});
+  tl.busy.resize(pos_.size());
+  for (size_t r = 0; r < pos_.size(); ++r)
+    for (size_t i = base_[r]; i < base_[r + 1]; ++i) tl.busy[r].push_back({start_[i], end_[i]});
   for (size_t k = 0; k < gen_slots_.size(); ++k)
     for (auto [r, pos] : gen_slots_[k]) tl.busy[r].push_back({gen_start_[k], gen_end_[k]});
   for (auto& b : tl.busy) {
@@ -974,7 +1028,7 @@ TextTimeline Pass::Timeline() const {
   for (int d = 0; d < s_.dp; ++d)
     for (int m = 0; m < s_.m; ++m)
       tl.release[static_cast<size_t>(d) * s_.m + m] =
-          end_[s_.rank(d, 0)][PosOf(0, OpKind::kB, 0, m)];
+          End(s_.rank(d, 0), PosOf(0, OpKind::kB, 0, m));
   return tl;
 }
 

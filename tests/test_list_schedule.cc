@@ -453,7 +453,9 @@ TEST_CASE("list scheduler: a backward window that makes a backward due counts as
 
 TEST_CASE("decision queue: pops what a heap of (time, rank) pops, stale times skipped") {
   // The model: a binary heap of every push; a popped entry whose time is no longer its
-  // rank's is stale and skipped. Times only grow per rank, with ties and repeated pushes.
+  // rank's is stale and skipped. Times only grow per rank, with ties and repeated pushes,
+  // by steps from the smallest subnormal to 1e6 (the queue compares the times' bits).
+  const double steps[] = {0, 0.5, 1, 4.9e-324, 1e-300, 1e-9, 1e6};
   std::mt19937 rng(7);
   for (int round = 0; round < 200; ++round) {
     const int R = 1 + static_cast<int>(rng() % 40);
@@ -476,7 +478,7 @@ TEST_CASE("decision queue: pops what a heap of (time, rank) pops, stale times sk
         continue;
       }
       const int r = static_cast<int>(rng() % R);
-      now[r] += 0.5 * static_cast<double>(rng() % 3);  // 0: a repeated push at its time
+      now[r] += steps[rng() % std::size(steps)];  // 0: a repeated push at its time
       q.Push(r, now[r]);
       heap.push({now[r], r});
     }
