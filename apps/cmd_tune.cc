@@ -35,11 +35,12 @@ std::string ObjectiveText(TuneObjective o, const Metrics& m) {
   return "";
 }
 
-// A column's name: the key without its section, two long ones shortened.
+// A column's name: the key without its section, three long ones shortened.
 std::string ColumnName(const std::string& key) {
   std::string name = key.substr(key.find('.') + 1);
   if (name == "micro_batch_size") return "mbs";
-  if (name == "num_layers_in_last_pipeline_stage") return "last";  // 0: even stages
+  if (name == "num_layers_in_first_pipeline_stage") return "first";  // 0: even stages
+  if (name == "num_layers_in_last_pipeline_stage") return "last";
   return name;
 }
 
@@ -268,7 +269,8 @@ Command MakeTuneCommand() {
       head += fmt::format("{:>{}} ", name, width[a]);
     }
     fmt::print(
-        "top {} (of the points that fit; last: layers of the last stage, 0 = even):\n{}{:>10} "
+        "top {} (of the points that fit; first, last: layers of the first and last stage, 0 = "
+        "even):\n{}{:>10} "
         "{:>12} {:>6} {:>9} {:>9}  {}\n",
         r->top.size(), head, "step s", "tokens/s", "MFU %", "peak GiB", "bound s", "Pareto");
     for (size_t n = 0; n < r->top.size(); ++n) {

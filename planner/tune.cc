@@ -36,9 +36,11 @@ constexpr const char* kCp = "parallelism.cp";
 constexpr const char* kPp = "parallelism.pp";
 constexpr const char* kVp = "parallelism.vp";
 constexpr const char* kEp = "parallelism.ep";
-constexpr const char* kLast = "parallelism.num_layers_in_last_pipeline_stage";  // 0: even
-// Uneven stages: the last stage holds this many layers fewer than each other stage.
-constexpr int kLighterLast[] = {1, 2};
+constexpr const char* kFirst = "parallelism.num_layers_in_first_pipeline_stage";  // 0: even
+constexpr const char* kLast = "parallelism.num_layers_in_last_pipeline_stage";    // 0: even
+// Uneven stages: the first or the last stage (or both) holds this many layers fewer than
+// each other stage.
+constexpr int kLighter[] = {1, 2};
 constexpr const char* kMbs = "training.micro_batch_size";
 constexpr const char* kRecompute = "training.recompute";
 constexpr const char* kPipeline = "schedule.pipeline";
@@ -78,6 +80,7 @@ constexpr std::pair<const char*, const char*> kAxisAliases[] = {
     {"parallelism.virtual_pipeline_model_parallel_size", kVp},
     {"parallelism.expert_model_parallel_size", kEp},
     {"training.mbs", kMbs},
+    {"parallelism.first_stage_layers", kFirst},
     {"parallelism.last_stage_layers", kLast},
 };
 constexpr long kMaxAxisValue = 1 << 20;
@@ -126,6 +129,23 @@ bool ScheduleTakes(PipelineKind k, int pp, int vp) {
   return false;
 }
 
+// Whether the first and last stages' layer counts (0: not set) split `layers` over pp
+// stages as the space allows: evenly over pp x vp chunks when neither is set; else with
+// one chunk per rank, each one set kLighter fewer than each of the other stages (at least
+// one other).
+bool StagesTake(int layers, int pp, int vp, int first, int last) {
+  if (first == 0 && last == 0) return layers % (static_cast<int64_t>(pp) * vp) == 0;
+  const int others = pp - (first > 0) - (last > 0);
+  const int rest = layers - first - last;
+  if (vp != 1 || others < 1 || rest <= 0 || rest % others != 0) return false;
+  const int x = rest / others;
+  auto lighter = [&](int n) {
+    return n == 0 ||
+           std::find(std::begin(kLighter), std::end(kLighter), x - n) != std::end(kLighter);
+  };
+  return lighter(first) && lighter(last);
+}
+
 // What every point starts from: the config file with the command line's --set overrides,
 // the derived keys erased, the global batch and GPU count fixed. A point's document is a
 // copy of it (parsing the file once: scanning YAML is most of the cost of a point's bounds)
@@ -161,7 +181,7 @@ class Base {
       doc = doc_->Clone();
     }
     for (size_t a = 0; a < keys.size(); ++a)
-      if (keys[a] != kLast || values[a] != "0")  // 0: even stages, the key left out
+      if ((keys[a] != kFirst && keys[a] != kLast) || values[a] != "0")  // 0: the key left out
         RETURN_IF_ERROR(doc->ApplySet(fmt::format("{}={}", keys[a], values[a])));
     return std::move(*doc);
   }
@@ -546,11 +566,10 @@ bool Better(const TunePoint& a, size_t ai, const TunePoint& b, size_t bi) {
 }
 
 // A config's values on the search's axes (`keys`), or empty where it is on none of the
-// grid's points: a layout string or a first stage of its own, recompute per pipeline rank.
+// grid's points: a layout string, recompute per pipeline rank.
 std::vector<std::string> AxisValues(const Config& k, const std::vector<std::string>& keys) {
   const ParallelConfig& p = k.parallel;
-  if (!p.layout.empty() || p.first_stage_layers > 0 || !k.training.recompute_by_rank.empty())
-    return {};
+  if (!p.layout.empty() || !k.training.recompute_by_rank.empty()) return {};
   std::vector<std::string> v;
   for (const std::string& key : keys) {
     if (key == kTp)
@@ -563,6 +582,8 @@ std::vector<std::string> AxisValues(const Config& k, const std::vector<std::stri
       v.push_back(std::to_string(p.vp));
     else if (key == kEp)
       v.push_back(std::to_string(p.ep));
+    else if (key == kFirst)
+      v.push_back(std::to_string(p.first_stage_layers));
     else if (key == kLast)
       v.push_back(std::to_string(p.last_stage_layers));
     else if (key == kMbs)
@@ -662,20 +683,28 @@ std::vector<VaryAxis> TuneSpace(const Config& c, int gpus) {
   for (int d = 1; d <= 8; d *= 2)
     if (c.training.seq_length % (2 * d) == 0 || d == 1) cp.push_back(d);
   axes.push_back({kCp, Strings(cp)});
-  // pp: even stages (a divisor of the layers), or stages of `others` layers and a last one
-  // of LighterLast(pp) fewer, to make room for the output layer and loss.
+  // pp: even stages (a divisor of the layers), or stages of x layers with a first stage, a
+  // last one or both of kLighter fewer (StagesTake): the first holds the embedding and, in
+  // 1F1B, the most micro-batches' activations; the last the output layer and loss.
   std::vector<int> pp;
-  std::set<int> last = {0};
+  std::set<int> first = {0}, last = {0};
   for (int d = 1; d <= std::min(l.layers, gpus); ++d) {
     if (gpus % d != 0) continue;
     bool takes = l.layers % d == 0;
-    for (int fewer : kLighterLast)
-      if (d >= 2 && (l.layers + fewer) % d == 0 && (l.layers + fewer) / d > fewer)
-        takes = true, last.insert((l.layers + fewer) / d - fewer);
+    for (int f : {0, kLighter[0], kLighter[1]})
+      for (int e : {0, kLighter[0], kLighter[1]}) {
+        if ((f == 0 && e == 0) || (l.layers + f + e) % d != 0) continue;
+        const int x = (l.layers + f + e) / d;  // the other stages' layers
+        const int a = f ? x - f : 0, b = e ? x - e : 0;
+        if (a < 0 || b < 0 || !StagesTake(l.layers, d, 1, a, b)) continue;
+        takes = true;
+        first.insert(a), last.insert(b);
+      }
     if (takes) pp.push_back(d);
   }
   axes.push_back({kPp, Strings(pp)});
   axes.push_back({kVp, Strings(Divisors(l.layers, 8))});
+  axes.push_back({kFirst, Strings(std::vector<int>(first.begin(), first.end()))});
   axes.push_back({kLast, Strings(std::vector<int>(last.begin(), last.end()))});
   if (l.moe.experts > 0) {
     std::vector<int> ep;
@@ -741,7 +770,7 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
       const bool numeric = it->key.rfind("parallelism.", 0) == 0 || it->key == kMbs;
       char* end = nullptr;
       const long n = std::strtol(v.c_str(), &end, 10);
-      const long least = it->key == kLast ? 0 : 1;
+      const long least = it->key == kFirst || it->key == kLast ? 0 : 1;
       if (numeric ? (end == v.c_str() || *end != '\0' || n < least || n > kMaxAxisValue)
                   : std::find(it->values.begin(), it->values.end(), v) == it->values.end()) {
         std::string choices;
@@ -789,19 +818,13 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
     }
     const int tp = num(values, kTp, 1), cp = num(values, kCp, 1), pp = num(values, kPp, 1);
     const int vp = num(values, kVp, 1), ep = num(values, kEp, 1);
-    const int mbs = num(values, kMbs, 1), last = num(values, kLast, 0);
-    if (tp <= 0 || cp <= 0 || pp <= 0 || vp <= 0 || ep <= 0 || mbs <= 0 || last < 0) continue;
+    const int mbs = num(values, kMbs, 1), first = num(values, kFirst, 0);
+    const int last = num(values, kLast, 0);
+    if (tp <= 0 || cp <= 0 || pp <= 0 || vp <= 0 || ep <= 0 || mbs <= 0) continue;
     if (gpus % (static_cast<int64_t>(tp) * pp * cp) != 0) continue;
     const int dp = gpus / (tp * pp * cp);
     if (r.global_batch % (static_cast<int64_t>(mbs) * dp) != 0) continue;
-    if (last == 0 && l.layers % (static_cast<int64_t>(pp) * vp) != 0) continue;
-    if (last > 0) {  // only with one chunk per rank, and kLighterLast fewer than the others
-      if (vp != 1 || pp < 2 || last >= l.layers || (l.layers - last) % (pp - 1) != 0) continue;
-      const int fewer = (l.layers - last) / (pp - 1) - last;
-      if (std::find(std::begin(kLighterLast), std::end(kLighterLast), fewer) ==
-          std::end(kLighterLast))
-        continue;
-    }
+    if (first < 0 || last < 0 || !StagesTake(l.layers, pp, vp, first, last)) continue;
     if (l.moe.experts > 0 && (l.moe.experts % ep != 0 || (dp * cp) % ep != 0)) continue;
     const std::string sched = at(values, kPipeline);
     bool takes = true;

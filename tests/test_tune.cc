@@ -2,7 +2,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/files.h"
 #include "helpers.h"
@@ -96,19 +98,35 @@ TEST_CASE("tune: pruning keeps the exhaustive search's top K, and every bound ho
     CHECK(q.time_bound_s > 0);
   }
   CHECK(simulated > 50);
-  // Uneven stages are in the space (pp 2: 5 + 3 layers) and planned as such.
-  const size_t last_axis = std::find(full->keys.begin(), full->keys.end(),
-                                     "parallelism.num_layers_in_last_pipeline_stage") -
-                           full->keys.begin();
-  REQUIRE(last_axis < full->keys.size());
-  size_t uneven = 0;
-  for (const TunePoint& q : full->points)
-    if (q.state == TuneState::kSimulated && q.values[last_axis] != "0") {
-      ++uneven;
-      CHECK(q.values[last_axis] == "3");
-      CHECK(q.values[2] == "2");  // pp
-    }
-  CHECK(uneven > 0);
+  // Uneven stages are in the space and planned as such. By hand, 8 layers with the first
+  // and/or last stage 1 or 2 layers lighter than each other stage: pp 2 as 3 + 5 or 5 + 3;
+  // pp 4 as 1 + 3 + 3 + 1 (first and last both 2 lighter); pp 8 cannot (8 + 1 or 2 or 3 or 4
+  // is not a multiple of 8).
+  auto axis = [&](const char* key) {
+    const size_t a = std::find(full->keys.begin(), full->keys.end(), key) - full->keys.begin();
+    REQUIRE(a < full->keys.size());
+    return a;
+  };
+  const size_t first_axis = axis("parallelism.num_layers_in_first_pipeline_stage");
+  const size_t last_axis = axis("parallelism.num_layers_in_last_pipeline_stage");
+  const size_t pp_axis = axis("parallelism.pp");
+  const std::map<std::string, std::vector<int>> expected = {
+      {"2 3 0", {3, 5}}, {"2 0 3", {5, 3}}, {"4 1 1", {1, 3, 3, 1}}};
+  std::set<std::string> uneven;
+  for (const TunePoint& q : full->points) {
+    if (q.state != TuneState::kSimulated) continue;
+    const std::string shape =
+        q.values[pp_axis] + " " + q.values[first_axis] + " " + q.values[last_axis];
+    if (q.values[first_axis] == "0" && q.values[last_axis] == "0") continue;
+    uneven.insert(shape);
+    REQUIRE(expected.count(shape) == 1);
+    auto k = PointConfig(cfg, *full, q);
+    REQUIRE(k.ok());
+    std::vector<int> layers;
+    for (const StageSpan& st : k->parallel.stages) layers.push_back(st.layer_end - st.layer_begin);
+    CHECK(layers == expected.at(shape));
+  }
+  CHECK(uneven.size() == expected.size());
   CHECK(full->time_bound_misses == 0);
   CHECK(full->memory_bound_misses == 0);
 }
@@ -145,7 +163,8 @@ TEST_CASE("tune: the best point is the fastest of a sweep of the same space, its
 
 TEST_CASE("tune: 1F1B's time bound is the text step with the textbook bubble") {
   // No communication to speak of (one GPU per stage, one replica): the bound of pp 4 x
-  // 1F1B is (m + pp - 1) x (F + B) of a stage, F and B read from the plan's durations.
+  // 1F1B over even stages is (m + pp - 1) x (F + B) of a stage, F and B read from the plan's
+  // durations.
   const std::string cfg = SmallConfig();
   TuneOptions o;
   o.only = {*ParseVary("parallelism.tp=2"),
@@ -154,6 +173,8 @@ TEST_CASE("tune: 1F1B's time bound is the text step with the textbook bubble") {
             *ParseVary("parallelism.vp=1"),
             *ParseVary("training.micro_batch_size=1"),
             *ParseVary("training.recompute=full"),
+            *ParseVary("parallelism.num_layers_in_first_pipeline_stage=0"),
+            *ParseVary("parallelism.num_layers_in_last_pipeline_stage=0"),
             *ParseVary("schedule.pipeline=1f1b")};
   o.gpus = 8;
   auto r = RunTune(cfg, {}, o);
@@ -343,6 +364,8 @@ TEST_CASE("tune: the memory bound holds the forwards a schedule keeps in flight"
             *ParseVary("parallelism.vp=1"),
             *ParseVary("training.micro_batch_size=1"),
             *ParseVary("training.recompute=none"),
+            *ParseVary("parallelism.num_layers_in_first_pipeline_stage=0"),
+            *ParseVary("parallelism.num_layers_in_last_pipeline_stage=0"),
             *ParseVary("schedule.pipeline=1f1b,gpipe")};
   o.gpus = 8;
   o.prune = false;
