@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -28,6 +29,10 @@ Track TrackOf(const Table& t, OpId i) {
 
 int64_t Ns(double seconds) {
   return std::llround(seconds * 1e9);
+}
+
+char* General6(double v, char* out) {
+  return std::to_chars(out, out + 32, v, std::chars_format::general, 6).ptr;
 }
 
 std::string LaneName(int tr, int32_t lane) {
@@ -113,8 +118,22 @@ void Quote(fmt::memory_buffer& out, std::string_view s) {
 }
 
 void Us(fmt::memory_buffer& out, int64_t ns) {
-  fmt::format_to(fmt::appender(out), FMT_COMPILE("{}{}.{:03d}"), ns < 0 ? "-" : "",
-                 std::abs(ns) / 1000, std::abs(ns) % 1000);
+  if (ns < 0) out.push_back('-');
+  const uint64_t a = ns < 0 ? 0 - static_cast<uint64_t>(ns) : static_cast<uint64_t>(ns);
+  const fmt::format_int whole(a / 1000);
+  out.append(whole.data(), whole.data() + whole.size());
+  const auto frac = static_cast<unsigned>(a % 1000);
+  const char digits[4] = {'.', static_cast<char>('0' + frac / 100),
+                          static_cast<char>('0' + frac / 10 % 10),
+                          static_cast<char>('0' + frac % 10)};
+  out.append(digits, digits + 4);
+}
+
+// `key` then the number as {:.6g} writes it.
+void Field6(fmt::memory_buffer& out, std::string_view key, double v) {
+  out.append(key);
+  char text[32];
+  out.append(text, trace::General6(v, text));
 }
 
 // The trace's text, handed to `sink` in pieces of about kFlushBytes.
@@ -214,15 +233,10 @@ Status StreamChromeTrace(const Table& t, const Timeline& tl,
     field(R"(,"microbatch":)", t.mb(i));
     field(R"(,"chunk":)", t.chunk(i));
     field(R"(,"task":)", t.task(i));
-    if (w.flops > 0) fmt::format_to(fmt::appender(buf), FMT_COMPILE(R"(,"flops":{:.6g})"), w.flops);
-    if (w.hbm_bytes > 0)
-      fmt::format_to(fmt::appender(buf), FMT_COMPILE(R"(,"hbm_bytes":{:.6g})"), w.hbm_bytes);
-    if (w.payload_bytes > 0)
-      fmt::format_to(fmt::appender(buf), FMT_COMPILE(R"(,"payload_bytes":{:.6g})"),
-                     w.payload_bytes);
-    if (o.predicted_s)
-      fmt::format_to(fmt::appender(buf), FMT_COMPILE(R"(,"predicted_us":{:.6g})"),
-                     (*o.predicted_s)[i] * 1e6);
+    if (w.flops > 0) Field6(buf, R"(,"flops":)", w.flops);
+    if (w.hbm_bytes > 0) Field6(buf, R"(,"hbm_bytes":)", w.hbm_bytes);
+    if (w.payload_bytes > 0) Field6(buf, R"(,"payload_bytes":)", w.payload_bytes);
+    if (o.predicted_s) Field6(buf, R"(,"predicted_us":)", (*o.predicted_s)[i] * 1e6);
     put("}}");
     RETURN_IF_ERROR(out.Flush());
   }
@@ -233,15 +247,20 @@ Status StreamChromeTrace(const Table& t, const Timeline& tl,
     const OpId s = t.send_of(i);
     if (s == UINT32_MAX || !ran(s)) continue;
     out.Event();
-    out.Add(R"({{"ph":"s","name":"p2p","cat":"p2p","id":{},"pid":{},"tid":{},"ts":)", t.tag(i),
-            t.rank(s), Tid(t.rank(s), trace::kSend, lanes.lane[s]));
+    fmt::format_to(
+        fmt::appender(buf),
+        FMT_COMPILE(R"({{"ph":"s","name":"p2p","cat":"p2p","id":{},"pid":{},"tid":{},"ts":)"),
+        t.tag(i), t.rank(s), Tid(t.rank(s), trace::kSend, lanes.lane[s]));
     Us(buf, Ns(tl.start[s]));
-    out.Add("}}");
+    buf.push_back('}');
     out.Event();
-    out.Add(R"({{"ph":"f","bp":"e","name":"p2p","cat":"p2p","id":{},"pid":{},"tid":{},"ts":)",
-            t.tag(i), t.rank(i), Tid(t.rank(i), trace::kRecv, lanes.lane[i]));
+    fmt::format_to(
+        fmt::appender(buf),
+        FMT_COMPILE(
+            R"({{"ph":"f","bp":"e","name":"p2p","cat":"p2p","id":{},"pid":{},"tid":{},"ts":)"),
+        t.tag(i), t.rank(i), Tid(t.rank(i), trace::kRecv, lanes.lane[i]));
     Us(buf, Ns(tl.start[i]));
-    out.Add("}}");
+    buf.push_back('}');
     RETURN_IF_ERROR(out.Flush());
   }
   for (const CounterTrack& c : counters) {
@@ -250,15 +269,15 @@ Status StreamChromeTrace(const Table& t, const Timeline& tl,
       out.Event();
       out.Add(R"({{"ph":"C","name":)");
       Quote(buf, c.name);
-      out.Add(R"(,"pid":{},"ts":)", c.rank);
+      fmt::format_to(fmt::appender(buf), FMT_COMPILE(R"(,"pid":{},"ts":)"), c.rank);
       Us(buf, Ns(c.times_s[s]));
-      out.Add(R"(,"args":{{)");
+      buf.append(std::string_view(R"(,"args":{)"));
       for (size_t k = 0; k < c.keys.size(); ++k) {
         if (k) buf.push_back(',');
         Quote(buf, c.keys[k]);
-        out.Add(":{:.6g}", c.samples[s][k]);
+        Field6(buf, ":", c.samples[s][k]);
       }
-      out.Add("}}}}");
+      buf.append(std::string_view("}}"));
       RETURN_IF_ERROR(out.Flush());
     }
   }

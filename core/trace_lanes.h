@@ -26,6 +26,10 @@ Track TrackOf(const Table& t, OpId i);
 // slices that touch would otherwise overlap by one.
 int64_t Ns(double seconds);
 
+// `v` as printf's %.6g writes it (six significant digits, trailing zeros dropped; fmt's
+// {:.6g} is the same), into `out` (32 bytes); returns the end of the text.
+char* General6(double v, char* out);
+
 // The name of lane `lane` of track `tr`: "compute", then "compute #2", ...
 std::string LaneName(int tr, int32_t lane);
 

@@ -1,13 +1,18 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <fmt/printf.h>
 
+#include <bit>
+#include <cmath>
 #include <cstdio>
+#include <random>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "core/chrome_trace.h"
+#include "core/trace_lanes.h"
 #include "helpers.h"
 #include "planner/plan.h"
 #include "simulator/compare.h"
@@ -194,4 +199,27 @@ TEST_CASE(
   REQUIRE(RunCli(fmt::format("simulate {} --trace-dp 0 --trace {}/k3.json", cfg, dir)).exit_code ==
           0);
   CHECK(TraceFileRuleBroken(dir + "/k3.json") == "");
+}
+
+TEST_CASE("trace numbers: six significant digits as printf's %.6g and fmt's {:.6g} write them") {
+  // The writer's own conversion against fmt (the reference the traces were written with):
+  // values where %.6g changes notation or rounds a tie, then random bit patterns of every
+  // magnitude.
+  auto check = [](double v) {
+    char text[32];
+    const std::string mine(text, trace::General6(v, text));
+    const std::string printf_text = fmt::sprintf("%.6g", v);
+    REQUIRE_MESSAGE(mine == fmt::format("{:.6g}", v), v);
+    REQUIRE_MESSAGE(mine == printf_text, v);
+  };
+  for (double v : {0.0, -0.0, 1.0, 0.0001, 0.00001, 123456.0, 1234567.0, 999999.4, 999999.5,
+                   9.999995e5, 1.0000005, 0.000123456789, 1e-300, 4.9e-324, 1.7976931348623157e308,
+                   6212.041, 2.5e-5, 1e15, 3.0e9})
+    check(v), check(-v);
+  std::mt19937_64 rng(11);
+  for (int k = 0; k < 200000; ++k) {
+    const double v = std::bit_cast<double>(rng());
+    if (std::isfinite(v)) check(v);
+    check(std::ldexp(static_cast<double>(rng() >> 11), -40 + static_cast<int>(rng() % 120)));
+  }
 }
