@@ -303,13 +303,19 @@ StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const L
   return placed;
 }
 
-// Whether two sizings of the same images made the same vision tasks (ranks, gangs, work).
-bool SameVisionTasks(const ModalityWork& a, const ModalityWork& b) {
-  return std::equal(a.vision.begin(), a.vision.end(), b.vision.begin(), b.vision.end(),
-                    [](const VisionTask& x, const VisionTask& y) {
-                      return x.rank == y.rank && x.gang_ranks == y.gang_ranks &&
-                             x.f.flops == y.f.flops && x.f.attn_flops == y.f.attn_flops;
-                    });
+// What tells two sizings of the same images apart: per vision task its rank, gang and
+// forward FLOPs (equal keys: the same tasks). A few numbers per task, where a copy of the
+// sizing's work would hold all of its tasks' work.
+std::vector<double> VisionTasksKey(const ModalityWork& w) {
+  std::vector<double> key;
+  for (const VisionTask& v : w.vision) {
+    key.push_back(v.rank);
+    key.push_back(static_cast<double>(v.gang_ranks.size()));
+    key.insert(key.end(), v.gang_ranks.begin(), v.gang_ranks.end());
+    key.push_back(v.f.flops);
+    key.push_back(v.f.attn_flops);
+  }
+  return key;
 }
 
 // The list scheduler's predictions of two placements can be misordered by this much (over
@@ -412,16 +418,14 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
                            Probe({{&in, &w, RulesOf(c, ModalityPolicy::kNested, in)}}, tl));
           nested_best = probe[0];
         }
-        std::vector<ModalityWork> seen{w};
-        seen.reserve(1 + sizings.size());
+        std::vector<std::vector<double>> seen{VisionTasksKey(w)};
         for (const auto& [cp_max_group, sized_pool] : sizings) {
           Config sized = c;
           sized.model.vision.cp_max_group = cp_max_group;
           ModalityWork other = BuildModalityWork(sized, batch, sized_pool, false);
-          if (std::any_of(seen.begin(), seen.end(),
-                          [&](const ModalityWork& x) { return SameVisionTasks(x, other); }))
-            continue;
-          seen.push_back(other);
+          std::vector<double> key = VisionTasksKey(other);
+          if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+          seen.push_back(std::move(key));
           ListInput oin = input_of(other);
           const std::vector<double> oroom = room_for(oin);
           // Larger tasks than any rank has room for: out of memory where the images as
