@@ -696,7 +696,7 @@ std::vector<VaryAxis> TuneSpace(const Config& c, int gpus) {
         if ((f == 0 && e == 0) || (l.layers + f + e) % d != 0) continue;
         const int x = (l.layers + f + e) / d;  // the other stages' layers
         const int a = f ? x - f : 0, b = e ? x - e : 0;
-        if (a < 0 || b < 0 || !StagesTake(l.layers, d, 1, a, b)) continue;
+        if ((f && a < 1) || (e && b < 1) || !StagesTake(l.layers, d, 1, a, b)) continue;
         takes = true;
         first.insert(a), last.insert(b);
       }
