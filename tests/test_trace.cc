@@ -5,10 +5,10 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
-#include <random>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
 
 #include "core/chrome_trace.h"
