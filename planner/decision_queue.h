@@ -14,8 +14,8 @@ namespace pipeplan {
 // mispredicted branches of a binary heap's sift-down. A rank holds `count` decisions at
 // its time; a push at a later time replaces them (they are stale: a rank's time only
 // grows), so a rank pops as often as a heap of (time, rank) would pop it with a time still
-// current. A pop's removal waits for the next call: the
-// popped rank usually pushes again at once, and one walk does for both.
+// current. A pop's removal waits for the next call: the popped rank usually pushes again
+// at once, and one walk does for both.
 class DecisionQueue {
  public:
   static constexpr double kEmpty = std::numeric_limits<double>::infinity();
