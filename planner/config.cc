@@ -623,6 +623,24 @@ StatusOr<std::vector<StageSpan>> ParseStageLayout(std::string_view layout) {
   return stages;
 }
 
+std::vector<StageSpan> RankStageSpans(const ParallelConfig& p, int layers,
+                                      StagePlacement placement) {
+  const int first = p.first_stage_layers, last = p.last_stage_layers, n = p.pp * p.vp;
+  const int middle = p.pp - (first ? 1 : 0) - (last ? 1 : 0);
+  const int rest = layers - first - last;
+  std::vector<StageSpan> stages;
+  int layer = 0;
+  for (int g = 0; g < n; ++g) {
+    const int rank = HomeOf(placement, p.pp, g).pp_rank;
+    const int held = first && rank == 0         ? first
+                     : last && rank == p.pp - 1 ? last
+                                                : (middle > 0 ? rest / middle : 0);
+    stages.push_back({layer, layer + held / p.vp, g == 0, g == n - 1});
+    layer += held / p.vp;
+  }
+  return stages;
+}
+
 namespace {
 
 // The stages' layer ranges: a layout string, first/last stage counts, or even.
@@ -646,35 +664,30 @@ void SetStages(Config* c, Ctx* ctx) {
     p.stages = std::move(*st);
     return;
   }
-  std::vector<int> counts(n, 0);
   const int first = p.first_stage_layers, last = p.last_stage_layers;
   if (first || last) {
-    const char* key = first ? "parallelism.num_layers_in_first_pipeline_stage"
-                            : "parallelism.num_layers_in_last_pipeline_stage";
-    if (p.vp > 1)
-      return ctx->FailAt(key, "with vp > 1 use parallelism.pipeline_model_parallel_layout");
-    const int fixed = (first ? 1 : 0) + (last ? 1 : 0), middle = n - fixed;
+    const char* first_key = "parallelism.num_layers_in_first_pipeline_stage";
+    const char* last_key = "parallelism.num_layers_in_last_pipeline_stage";
+    const char* key = first ? first_key : last_key;
+    const int middle = p.pp - (first ? 1 : 0) - (last ? 1 : 0);
     const int rest = layers - first - last;
-    if (n < fixed || rest < 0 || (middle == 0 ? rest != 0 : rest % middle != 0))
-      return ctx->FailAt(key, fmt::format("{} layers minus the first ({}) and last ({}) stages "
-                                          "do not split evenly over the other {} stages",
-                                          layers, first, last, middle));
-    for (int g = 0; g < n; ++g) counts[g] = middle ? rest / middle : 0;
-    if (first) counts.front() = first;
-    if (last) counts.back() = last;
-  } else {
-    if (layers % n != 0)
-      return ctx->FailAt("model.llm.layers",
-                         fmt::format("{} layers cannot be split into pp*vp = {} equal chunks "
-                                     "(or set parallelism.pipeline_model_parallel_layout)",
-                                     layers, n));
-    counts.assign(n, layers / n);
+    for (auto [k, count] : {std::pair{first_key, first}, std::pair{last_key, last}})
+      if (count % p.vp != 0)
+        return ctx->FailAt(
+            k, fmt::format("{} layers do not split evenly over vp = {} chunks", count, p.vp));
+    if (middle < 0 || rest < 0 || (middle == 0 ? rest != 0 : rest % (middle * p.vp) != 0))
+      return ctx->FailAt(
+          key, fmt::format("{} layers minus the first ({}) and last ({}) stages "
+                           "do not split evenly over the other {} stages' {} "
+                           "chunks",
+                           layers, first, last, std::max(middle, 0), std::max(middle, 0) * p.vp));
+  } else if (layers % n != 0) {
+    return ctx->FailAt("model.llm.layers",
+                       fmt::format("{} layers cannot be split into pp*vp = {} equal chunks "
+                                   "(or set parallelism.pipeline_model_parallel_layout)",
+                                   layers, n));
   }
-  int layer = 0;
-  for (int g = 0; g < n; ++g) {
-    p.stages.push_back({layer, layer + counts[g], g == 0, g == n - 1});
-    layer += counts[g];
-  }
+  p.stages = RankStageSpans(p, layers, PlacementOf(c->schedule.pipeline));
 }
 
 // Consistency of derived values; errors point at the key to change.

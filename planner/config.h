@@ -140,7 +140,8 @@ struct ParallelConfig {
   int tp = 1, pp = 1, vp = 1, dp = 0, cp = 1, ep = 1;  // dp = 0: derived from world size
   int microbatch_group_size_per_vp_stage = 0;          // 0: pp (or PyTorch's rounds rule)
   // Uneven stages: Megatron's layout string (e.g. "Et*3|t*4|t*4|t*3L"), or the layer
-  // counts of the first and last stage (the rest split evenly); 0 / empty: even.
+  // counts of the first and last pipeline rank (the rest split evenly over the other
+  // ranks; each rank's layers split evenly over its vp chunks); 0 / empty: even.
   std::string layout;
   int first_stage_layers = 0, last_stage_layers = 0;
   int layers_per_virtual_stage = 0;  // Megatron's alternative to vp; 0: vp as given
@@ -151,6 +152,14 @@ struct ParallelConfig {
 // order; 'E' embedding, 't' a transformer layer, 'L' output layer and loss; "X*n" and
 // "(...)*n" repeat. Errors name the offending character.
 StatusOr<std::vector<StageSpan>> ParseStageLayout(std::string_view layout);
+
+// The stages of first / last pipeline-rank layer counts (0: the rest's share) under a
+// placement, as Megatron-core splits them (get_transformer_layer_offset): rank 0 holds
+// `first_stage_layers`, rank pp - 1 `last_stage_layers`, the other ranks the rest evenly,
+// each rank's layers split evenly over its vp chunks (under a V placement rank 0 holds the
+// first and the last virtual stage). `p` as ParseConfig validates it.
+std::vector<StageSpan> RankStageSpans(const ParallelConfig& p, int layers,
+                                      StagePlacement placement);
 
 std::string_view RecomputeName(Recompute r);
 std::string_view ActStorageName(ActStorage s);

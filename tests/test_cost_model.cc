@@ -216,6 +216,44 @@ TEST_CASE("uneven stages: Megatron's layout string and first/last stage layer co
   const int counts[4] = {1, 3, 3, 1};
   for (int g = 0; g < 4; ++g)
     CHECK(fl.parallel.stages[g].layer_end - fl.parallel.stages[g].layer_begin == counts[g]);
+  // With virtual stages (Megatron-core's get_transformer_layer_offset): the counts are
+  // pipeline ranks', each split evenly over the rank's vp chunks. 20 layers, pp 4, vp 2,
+  // 2 on the first rank: the other 3 ranks hold 18 / 3 = 6, 3 per chunk; rank 0 1 per chunk.
+  // Loop placement: virtual stage g is on rank g % 4; V placement: g and 7 - g share rank.
+  auto chunks = [](const Config& k) {
+    std::vector<int> n;
+    for (const StageSpan& s : k.parallel.stages) n.push_back(s.layer_end - s.layer_begin);
+    return n;
+  };
+  const std::vector<std::string> first2 = {"model.llm.layers=20",
+                                           "parallelism.num_layers_in_first_pipeline_stage=2"};
+  CHECK(chunks(SmallConfig(PipelineKind::kInterleaved1F1B, 4, 2, 8, 1, first2)) ==
+        std::vector<int>{1, 3, 3, 3, 1, 3, 3, 3});
+  CHECK(chunks(SmallConfig(PipelineKind::kZbv, 4, 2, 8, 1, first2)) ==
+        std::vector<int>{1, 3, 3, 3, 3, 3, 3, 1});
+  // 16 layers, 2 on the first and 2 on the last rank: 12 / 2 = 6 on each other rank.
+  CHECK(chunks(SmallConfig(PipelineKind::kInterleaved1F1B, 4, 2, 8, 1,
+                           {"parallelism.num_layers_in_first_pipeline_stage=2",
+                            "parallelism.num_layers_in_last_pipeline_stage=2"})) ==
+        std::vector<int>{1, 3, 3, 1, 1, 3, 3, 1});
+  auto uneven = [](std::string_view sets) {
+    return LoadConfigFromString(fmt::format(
+        "cluster: {{gpu: H100, nodes: 1, gpus_per_node: 4}}\nmodel: {{llm: {{layers: 16, "
+        "hidden: 256, ffn: 1024, heads: 4, vocab: 1000}}}}\nparallelism: {{pp: 4, vp: 2, {}}}\n"
+        "training: {{seq_length: 128, microbatches: 8}}\n"
+        "schedule: {{pipeline: interleaved-1f1b}}\n",
+        sets));
+  };
+  auto odd = uneven("num_layers_in_last_pipeline_stage: 3");  // 3 layers over 2 chunks
+  REQUIRE(!odd.ok());
+  // The error points at the key's value (line 3) and quotes its line.
+  CHECK(odd.status().message().find("cfg.yaml:3:") != std::string::npos);
+  CHECK(odd.status().message().find("num_layers_in_last_pipeline_stage: 3") != std::string::npos);
+  CHECK(odd.status().message().find("3 layers do not split evenly over vp = 2") !=
+        std::string::npos);
+  auto rest = uneven("num_layers_in_first_pipeline_stage: 2");  // 14 over 3 ranks x 2 chunks
+  REQUIRE(!rest.ok());
+  CHECK(rest.status().message().find("the other 3 stages' 6 chunks") != std::string::npos);
   auto bad = LoadConfigFromString(
       "cluster: {gpu: H100, nodes: 1, gpus_per_node: 4}\nmodel: {llm: {layers: 8, hidden: 256, "
       "ffn: 1024, heads: 4, vocab: 1000}}\nparallelism: {pp: 4, pipeline_model_parallel_layout: "
