@@ -269,9 +269,8 @@ Command MakeTuneCommand() {
       head += fmt::format("{:>{}} ", name, width[a]);
     }
     fmt::print(
-        "top {} (of the points that fit; first, last: layers of the first and last stage, 0 = "
-        "even):\n{}{:>10} "
-        "{:>12} {:>6} {:>9} {:>9}  {}\n",
+        "top {} (of the points that fit; first, last: layers of the first and last pipeline rank, "
+        "0 = even):\n{}{:>10} {:>12} {:>6} {:>9} {:>9}  {}\n",
         r->top.size(), head, "step s", "tokens/s", "MFU %", "peak GiB", "bound s", "Pareto");
     for (size_t n = 0; n < r->top.size(); ++n) {
       const TunePoint& p = r->points[r->top[n]];

@@ -38,8 +38,8 @@ constexpr const char* kVp = "parallelism.vp";
 constexpr const char* kEp = "parallelism.ep";
 constexpr const char* kFirst = "parallelism.num_layers_in_first_pipeline_stage";  // 0: even
 constexpr const char* kLast = "parallelism.num_layers_in_last_pipeline_stage";    // 0: even
-// Uneven stages: the first or the last stage (or both) holds this many layers fewer than
-// each other stage.
+// Uneven stages: each virtual stage of the first or the last pipeline rank (or both) holds
+// this many layers fewer than each virtual stage of the other ranks.
 constexpr int kLighter[] = {1, 2};
 constexpr const char* kMbs = "training.micro_batch_size";
 constexpr const char* kRecompute = "training.recompute";
@@ -129,19 +129,19 @@ bool ScheduleTakes(PipelineKind k, int pp, int vp) {
   return false;
 }
 
-// Whether the first and last stages' layer counts (0: not set) split `layers` over pp
-// stages as the space allows: evenly over pp x vp chunks when neither is set; else with
-// one chunk per rank, each one set kLighter fewer than each of the other stages (at least
-// one other).
+// Whether the first and last pipeline ranks' layer counts (0: not set) split `layers` over
+// pp ranks of vp chunks as the space allows: evenly over pp x vp chunks when neither is
+// set; else x layers on each other rank (at least one), x / vp per chunk, and on each rank
+// set x - k vp, k in kLighter (config.cc: SetStages splits them as Megatron-core does).
 bool StagesTake(int layers, int pp, int vp, int first, int last) {
   if (first == 0 && last == 0) return layers % (static_cast<int64_t>(pp) * vp) == 0;
   const int others = pp - (first > 0) - (last > 0);
   const int rest = layers - first - last;
-  if (vp != 1 || others < 1 || rest <= 0 || rest % others != 0) return false;
+  if (others < 1 || rest <= 0 || rest % (static_cast<int64_t>(others) * vp) != 0) return false;
   const int x = rest / others;
   auto lighter = [&](int n) {
-    return n == 0 ||
-           std::find(std::begin(kLighter), std::end(kLighter), x - n) != std::end(kLighter);
+    return n == 0 || (n % vp == 0 && std::find(std::begin(kLighter), std::end(kLighter),
+                                               (x - n) / vp) != std::end(kLighter));
   };
   return lighter(first) && lighter(last);
 }
@@ -325,7 +325,17 @@ struct ShapeWork {
   std::optional<TextWorkload> by_placement[2];  // StagePlacement kLoop, kV
   const TextWorkload& Text(const Config& k, StagePlacement placement) {
     auto& tw = by_placement[placement == StagePlacement::kV];
-    if (!tw) tw = BuildTextWorkload(k, placement);
+    if (tw) return *tw;
+    // The first and last ranks' layer counts give each placement its own stages.
+    const ParallelConfig& par = k.parallel;
+    if (par.layout.empty() && (par.first_stage_layers || par.last_stage_layers) &&
+        PlacementOf(k.schedule.pipeline) != placement) {
+      Config other = k;
+      other.parallel.stages = RankStageSpans(par, k.model.llm.layers, placement);
+      tw = BuildTextWorkload(other, placement);
+    } else {
+      tw = BuildTextWorkload(k, placement);
+    }
     return *tw;
   }
 };
@@ -683,27 +693,31 @@ std::vector<VaryAxis> TuneSpace(const Config& c, int gpus) {
   for (int d = 1; d <= 8; d *= 2)
     if (c.training.seq_length % (2 * d) == 0 || d == 1) cp.push_back(d);
   axes.push_back({kCp, Strings(cp)});
-  // pp: even stages (a divisor of the layers), or stages of x layers with a first stage, a
-  // last one or both of kLighter fewer (StagesTake): the first holds the embedding and, in
-  // 1F1B, the most micro-batches' activations; the last the output layer and loss.
+  // pp: even stages (a divisor of the layers), or ranks of x layers with a first rank, a
+  // last one or both of kLighter fewer per chunk (StagesTake): the first holds the
+  // embedding and, in 1F1B, the most micro-batches' activations; the last the output layer
+  // and loss.
+  const std::vector<int> vps = Divisors(l.layers, 8);
   std::vector<int> pp;
   std::set<int> first = {0}, last = {0};
   for (int d = 1; d <= std::min(l.layers, gpus); ++d) {
     if (gpus % d != 0) continue;
     bool takes = l.layers % d == 0;
-    for (int f : {0, kLighter[0], kLighter[1]})
-      for (int e : {0, kLighter[0], kLighter[1]}) {
-        if ((f == 0 && e == 0) || (l.layers + f + e) % d != 0) continue;
-        const int x = (l.layers + f + e) / d;  // the other stages' layers
-        const int a = f ? x - f : 0, b = e ? x - e : 0;
-        if ((f && a < 1) || (e && b < 1) || !StagesTake(l.layers, d, 1, a, b)) continue;
-        takes = true;
-        first.insert(a), last.insert(b);
-      }
+    for (int v : vps)
+      for (int f : {0, kLighter[0], kLighter[1]})
+        for (int e : {0, kLighter[0], kLighter[1]}) {
+          const int fewer = (f + e) * v;  // the layers the lighter ranks leave out
+          if ((f == 0 && e == 0) || (l.layers + fewer) % (d * v) != 0) continue;
+          const int x = (l.layers + fewer) / d;  // the other ranks' layers
+          const int a = f ? x - f * v : 0, b = e ? x - e * v : 0;
+          if ((f && a < v) || (e && b < v) || !StagesTake(l.layers, d, v, a, b)) continue;
+          takes = true;
+          first.insert(a), last.insert(b);
+        }
     if (takes) pp.push_back(d);
   }
   axes.push_back({kPp, Strings(pp)});
-  axes.push_back({kVp, Strings(Divisors(l.layers, 8))});
+  axes.push_back({kVp, Strings(vps)});
   axes.push_back({kFirst, Strings(std::vector<int>(first.begin(), first.end()))});
   axes.push_back({kLast, Strings(std::vector<int>(last.begin(), last.end()))});
   if (l.moe.experts > 0) {
@@ -800,44 +814,79 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
     const std::string s = at(v, key);
     return s.empty() ? fallback : std::atoi(s.c_str());
   };
-  double grid = 1;  // the odometer below walks all of it
-  for (const VaryAxis& a : axes) grid *= static_cast<double>(a.values.size());
-  if (grid > kMaxTuneGrid)
-    return InvalidInput(fmt::format(
-        "the search's grid has {:.3g} combinations, more than {:.0e}: fix some axes with --only",
-        grid, kMaxTuneGrid));
   const LlmConfig& l = base.model.llm;
-  std::vector<size_t> digit(axes.size(), 0);  // the grid walked like an odometer
   std::vector<std::string> values(axes.size());
-  for (bool more = !axes.empty(); more;) {
-    for (size_t a = 0; a < axes.size(); ++a) values[a] = axes[a].values[digit[a]];
-    for (size_t a = axes.size(); a-- > 0;) {  // the last axis fastest
-      if (++digit[a] < axes[a].values.size()) break;
-      digit[a] = 0;
-      if (a == 0) more = false;
+  // The rules, each checked as soon as the axes it reads have their values (at the depth of
+  // the last of them), so that a prefix of the grid that breaks one is skipped whole.
+  auto depth = [&](std::initializer_list<const char*> keys) {
+    size_t d = 0;
+    for (const char* key : keys) {
+      const size_t i = std::find(r.keys.begin(), r.keys.end(), key) - r.keys.begin();
+      if (i < r.keys.size()) d = std::max(d, i);
     }
-    const int tp = num(values, kTp, 1), cp = num(values, kCp, 1), pp = num(values, kPp, 1);
-    const int vp = num(values, kVp, 1), ep = num(values, kEp, 1);
-    const int mbs = num(values, kMbs, 1), first = num(values, kFirst, 0);
-    const int last = num(values, kLast, 0);
-    if (tp <= 0 || cp <= 0 || pp <= 0 || vp <= 0 || ep <= 0 || mbs <= 0) continue;
-    if (gpus % (static_cast<int64_t>(tp) * pp * cp) != 0) continue;
-    const int dp = gpus / (tp * pp * cp);
-    if (r.global_batch % (static_cast<int64_t>(mbs) * dp) != 0) continue;
-    if (first < 0 || last < 0 || !StagesTake(l.layers, pp, vp, first, last)) continue;
-    if (l.moe.experts > 0 && (l.moe.experts % ep != 0 || (dp * cp) % ep != 0)) continue;
-    const std::string sched = at(values, kPipeline);
-    bool takes = true;
-    for (PipelineKind k : kSchedules)
-      if (sched == PipelineName(k)) takes = ScheduleTakes(k, pp, vp);
-    if (!takes) continue;
-    if (r.points.size() == kMaxTunePoints)
-      return InvalidInput(fmt::format(
-          "the search has more than {} candidates: fix some axes with --only", kMaxTunePoints));
-    TunePoint p;
-    p.values = values;
-    r.points.push_back(std::move(p));
-  }
+    return d;
+  };
+  auto dp_of = [&] {
+    return gpus / (num(values, kTp, 1) * num(values, kPp, 1) * num(values, kCp, 1));
+  };
+  const std::vector<std::pair<size_t, std::function<bool()>>> rules = {
+      {depth({kTp, kPp, kCp}),
+       [&] {
+         const int tp = num(values, kTp, 1), pp = num(values, kPp, 1), cp = num(values, kCp, 1);
+         return tp > 0 && pp > 0 && cp > 0 && gpus % (static_cast<int64_t>(tp) * pp * cp) == 0;
+       }},
+      {depth({kTp, kPp, kCp, kMbs}),
+       [&] {
+         const int mbs = num(values, kMbs, 1);
+         return mbs > 0 && r.global_batch % (static_cast<int64_t>(mbs) * dp_of()) == 0;
+       }},
+      {depth({kPp, kVp, kFirst, kLast}),
+       [&] {
+         const int vp = num(values, kVp, 1), first = num(values, kFirst, 0);
+         const int last = num(values, kLast, 0);
+         return vp > 0 && first >= 0 && last >= 0 &&
+                StagesTake(l.layers, num(values, kPp, 1), vp, first, last);
+       }},
+      {depth({kTp, kPp, kCp, kEp}),
+       [&] {
+         const int ep = num(values, kEp, 1);
+         return ep > 0 && (l.moe.experts == 0 ||
+                           (l.moe.experts % ep == 0 && (dp_of() * num(values, kCp, 1)) % ep == 0));
+       }},
+      {depth({kPp, kVp, kPipeline}),
+       [&] {
+         const std::string sched = at(values, kPipeline);
+         for (PipelineKind k : kSchedules)
+           if (sched == PipelineName(k))
+             return ScheduleTakes(k, num(values, kPp, 1), num(values, kVp, 1));
+         return true;
+       }},
+  };
+  double walked = 0;  // combinations (prefixes included) looked at
+  std::function<Status(size_t)> walk = [&](size_t a) -> Status {
+    for (const std::string& v : axes[a].values) {  // the last axis fastest
+      values[a] = v;
+      if (++walked > kMaxTuneGrid)
+        return InvalidInput(fmt::format(
+            "the search's grid takes more than {:.0e} combinations to walk: fix some axes with "
+            "--only",
+            kMaxTuneGrid));
+      bool ok = true;
+      for (const auto& [at_depth, rule] : rules)
+        if (at_depth == a && !(ok = rule())) break;
+      if (!ok) continue;
+      if (a + 1 < axes.size()) {
+        RETURN_IF_ERROR(walk(a + 1));
+        continue;
+      }
+      if (r.points.size() == kMaxTunePoints)
+        return InvalidInput(fmt::format(
+            "the search has more than {} candidates: fix some axes with --only", kMaxTunePoints));
+      r.points.emplace_back().values = values;
+    }
+    return Status::Ok();
+  };
+  if (!axes.empty()) RETURN_IF_ERROR(walk(0));
 
   // Each candidate's config and bounds.
   const double bound_start = elapsed();
@@ -924,10 +973,17 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
   std::vector<size_t> order;
   for (size_t i = 0; i < r.points.size(); ++i)
     if (valid[i]) order.push_back(i);
+  const auto is_configured = [&](size_t i) { return r.points[i].values == configured; };
+  const auto found = std::find_if(order.begin(), order.end(), is_configured);
+  const std::optional<size_t> candidate =
+      found == order.end() ? std::nullopt : std::optional<size_t>(*found);
   std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-    const bool cx = r.points[x].values == configured, cy = r.points[y].values == configured;
-    return cx != cy ? cx : r.points[x].time_bound_s < r.points[y].time_bound_s;
+    return r.points[x].time_bound_s < r.points[y].time_bound_s;
   });
+  if (candidate) {  // first, the others keeping their order
+    const auto at_c = std::find(order.begin(), order.end(), *candidate);
+    std::rotate(order.begin(), at_c, at_c + 1);
+  }
   const double simulate_start = elapsed();
   std::vector<size_t> fits;  // simulated points that fit, best first
   auto add = [&](size_t i) {

@@ -95,7 +95,7 @@ struct TuneOptions {
 };
 
 // Candidates a search may hold (about 1 KiB of memory each), and combinations of the axes'
-// values it walks to find them.
+// values (prefixes included) it walks to find them.
 inline constexpr size_t kMaxTunePoints = 1000000;
 inline constexpr double kMaxTuneGrid = 1e8;
 
