@@ -268,8 +268,9 @@ struct ImageClass {
 // Order of each replica's micro-batches in the step: as drawn (or read), or by encoder
 // FLOPs with the lightest at both ends and the heaviest in the middle (the first
 // micro-batch's encoder forward and the last one's backward have no text work to hide
-// behind; the others run in the pipeline's bubbles).
-enum class MicrobatchOrder { kDrawn, kLightEnds };
+// behind; the others run in the pipeline's bubbles). kAuto: the plan is built with both
+// and keeps the faster (BuildPlan); the plan's config names the one kept.
+enum class MicrobatchOrder { kDrawn, kLightEnds, kAuto };
 
 struct DataConfig {
   uint64_t seed = 0;

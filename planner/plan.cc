@@ -1173,7 +1173,8 @@ StatusOr<Config> WithLevels(const Config& c, const MemoryLevels& m) {
 // predicted faster or within kListMargin, bubble-fill's plan and nested's are both
 // simulated and the faster is kept, as bubble-fill's plan (a plan that fits the device
 // memory before one that does not; bubble-fill's own on a tie).
-StatusOr<Table> PlanPolicy(const Config& c) {
+// One plan of c's policy, for c's micro-batch order.
+StatusOr<Table> PlanOrdered(const Config& c) {
   bool close = false;
   ASSIGN_OR_RETURN(Table own, PlanOnce(c, &close));
   if (!close) return own;
@@ -1189,6 +1190,31 @@ StatusOr<Table> PlanPolicy(const Config& c) {
   nested.mutable_meta().modality = own.meta().modality;
   nested.mutable_meta().config_yaml = own.meta().config_yaml;
   return nested;
+}
+
+// c's plan; under `data.microbatch_order: auto` both orders are planned and simulated and
+// the faster kept (one that fits before one that does not; the data's order on a tie), its
+// config naming the order it kept. Text-only plans keep the data's order: without images
+// the order changes nothing.
+StatusOr<Table> PlanPolicy(const Config& c) {
+  if (c.data.order != MicrobatchOrder::kAuto) return PlanOrdered(c);
+  Config drawn = c, light = c;
+  drawn.data.order = MicrobatchOrder::kDrawn, light.data.order = MicrobatchOrder::kLightEnds;
+  ASSIGN_OR_RETURN(Table kept, PlanOrdered(drawn));
+  std::string_view name = "drawn";
+  if (Multimodal(c)) {
+    ASSIGN_OR_RETURN(Table other, PlanOrdered(light));
+    SimOptions o = SimOptionsFor(c);
+    o.exposure = false;
+    ASSIGN_OR_RETURN(const SimResult a, RunSimulation(kept, o));
+    ASSIGN_OR_RETURN(const SimResult b, RunSimulation(other, o));
+    const auto key = [](const Metrics& m) { return std::pair{m.oom, m.step_time_s}; };
+    if (key(b.metrics) < key(a.metrics)) kept = std::move(other), name = "light_ends";
+  }
+  ASSIGN_OR_RETURN(YamlDoc doc, YamlDoc::FromString(c.source, kept.meta().config_yaml));
+  RETURN_IF_ERROR(doc.ApplySet(fmt::format("data.microbatch_order={}", name)));
+  kept.mutable_meta().config_yaml = YamlText(doc).str();
+  return kept;
 }
 
 struct Trial {

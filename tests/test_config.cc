@@ -92,7 +92,7 @@ TEST_CASE("wrong type, bad enum, missing key") {
         "2f2b\n              ^");
   CHECK(Error(std::string(kBase) + "data:\n  microbatch_order: heavy\n") ==
         "cfg.yaml:19:21: bad value 'heavy' for 'data.microbatch_order' (expected one of: "
-        "drawn, light_ends)\n    microbatch_order: heavy\n                      ^");
+        "drawn, light_ends, auto)\n    microbatch_order: heavy\n                      ^");
   CHECK(Error(Replace(kBase, "    hidden: 256\n", "")) ==
         "cfg.yaml:7:5: missing required key 'model.llm.hidden'\n      layers: 8\n      ^");
   CHECK(Error(Replace(kBase, "  pp: 4", "  pp: 0")) ==

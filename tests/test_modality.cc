@@ -8,11 +8,13 @@
 #include <set>
 
 #include "core/files.h"
+#include "core/table_io.h"
 #include "helpers.h"
 #include "planner/data.h"
 #include "planner/modality.h"
 #include "planner/plan.h"
 #include "planner/validate.h"
+#include "simulator/metrics.h"
 
 using namespace pipeplan;
 using namespace pipeplan::test;
@@ -553,6 +555,50 @@ TEST_CASE("micro-batch order light_ends: lightest at both ends, heaviest in the 
     for (size_t i = 0; i + 1 < y.size(); ++i)
       CHECK((i < peak ? y[i] <= y[i + 1] : y[i] >= y[i + 1]));
   }
+}
+
+TEST_CASE("micro-batch order auto: the faster of both orders, named in the plan's config") {
+  // Each policy and count planned with each order; auto must keep the faster one (the
+  // data's order on a tie) and be that plan, byte for byte, and its config must name it.
+  auto step = [](const Table& t) {
+    auto c = ConfigOfPlan(t, "plan.pb");
+    REQUIRE(c.ok());
+    SimOptions o = SimOptionsFor(*c);
+    o.exposure = false;
+    auto r = RunSimulation(t, o);
+    REQUIRE(r.ok());
+    return r->metrics.step_time_s;
+  };
+  std::set<std::string> kept;
+  for (const char* policy : {"decoupled", "nested", "optimus"})
+    for (const char* m : {"8", "16"}) {
+      const std::string count = std::string("training.microbatches=") + m;
+      const Table drawn = Plan(MultimodalConfig(policy, {count}));
+      const Table light =
+          Plan(MultimodalConfig(policy, {count, "data.microbatch_order=light_ends"}));
+      const Table automatic = Plan(MultimodalConfig(policy, {count, "data.microbatch_order=auto"}));
+      const bool light_faster = step(light) < step(drawn);
+      CAPTURE(policy);
+      CAPTURE(m);
+      auto stored = ConfigOfPlan(automatic, "plan.pb");
+      REQUIRE(stored.ok());
+      CHECK(stored->data.order ==
+            (light_faster ? MicrobatchOrder::kLightEnds : MicrobatchOrder::kDrawn));
+      // The same ops and times as the plan of the order it kept; re-planned from its own
+      // config, the same plan again.
+      const Table& same = light_faster ? light : drawn;
+      CHECK(step(automatic) == step(same));
+      CHECK(automatic.size() == same.size());
+      CHECK(SerializePb(Plan(*stored)) == SerializePb(automatic));
+      kept.insert(light_faster ? "light_ends" : "drawn");
+    }
+  CHECK(kept.size() == 2);  // this workload has cases of both
+  // Text only: nothing to order, the data's order.
+  const Table text =
+      Plan(SmallConfig(PipelineKind::k1F1B, 4, 1, 8, 1, {"data.microbatch_order=auto"}));
+  auto stored = ConfigOfPlan(text, "plan.pb");
+  REQUIRE(stored.ok());
+  CHECK(stored->data.order == MicrobatchOrder::kDrawn);
 }
 
 TEST_CASE("decoupled runs a CP gang's forward shards first and its backward shards last") {
