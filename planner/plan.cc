@@ -1173,6 +1173,16 @@ StatusOr<Config> WithLevels(const Config& c, const MemoryLevels& m) {
 // predicted faster or within kListMargin, bubble-fill's plan and nested's are both
 // simulated and the faster is kept, as bubble-fill's plan (a plan that fits the device
 // memory before one that does not; bubble-fill's own on a tie).
+// Whether plan b of c is better than plan a: it fits where a does not, or is faster.
+StatusOr<bool> Better(const Config& c, const Table& a, const Table& b) {
+  SimOptions o = SimOptionsFor(c);
+  o.exposure = false;
+  ASSIGN_OR_RETURN(const SimResult x, RunSimulation(a, o));
+  ASSIGN_OR_RETURN(const SimResult y, RunSimulation(b, o));
+  const auto key = [](const Metrics& m) { return std::pair{m.oom, m.step_time_s}; };
+  return key(y.metrics) < key(x.metrics);
+}
+
 // One plan of c's policy, for c's micro-batch order.
 StatusOr<Table> PlanOrdered(const Config& c) {
   bool close = false;
@@ -1181,12 +1191,8 @@ StatusOr<Table> PlanOrdered(const Config& c) {
   Config n = c;
   n.schedule.modality = ModalityPolicy::kNested;
   ASSIGN_OR_RETURN(Table nested, PlanOnce(n));
-  SimOptions o = SimOptionsFor(c);
-  o.exposure = false;
-  ASSIGN_OR_RETURN(const SimResult a, RunSimulation(own, o));
-  ASSIGN_OR_RETURN(const SimResult b, RunSimulation(nested, o));
-  const auto key = [](const Metrics& m) { return std::pair{m.oom, m.step_time_s}; };
-  if (key(b.metrics) >= key(a.metrics)) return own;
+  ASSIGN_OR_RETURN(const bool better, Better(c, own, nested));
+  if (!better) return own;
   nested.mutable_meta().modality = own.meta().modality;
   nested.mutable_meta().config_yaml = own.meta().config_yaml;
   return nested;
@@ -1204,12 +1210,8 @@ StatusOr<Table> PlanPolicy(const Config& c) {
   std::string_view name = "drawn";
   if (Multimodal(c)) {
     ASSIGN_OR_RETURN(Table other, PlanOrdered(light));
-    SimOptions o = SimOptionsFor(c);
-    o.exposure = false;
-    ASSIGN_OR_RETURN(const SimResult a, RunSimulation(kept, o));
-    ASSIGN_OR_RETURN(const SimResult b, RunSimulation(other, o));
-    const auto key = [](const Metrics& m) { return std::pair{m.oom, m.step_time_s}; };
-    if (key(b.metrics) < key(a.metrics)) kept = std::move(other), name = "light_ends";
+    ASSIGN_OR_RETURN(const bool better, Better(c, kept, other));
+    if (better) kept = std::move(other), name = "light_ends";
   }
   ASSIGN_OR_RETURN(YamlDoc doc, YamlDoc::FromString(c.source, kept.meta().config_yaml));
   RETURN_IF_ERROR(doc.ApplySet(fmt::format("data.microbatch_order={}", name)));
