@@ -675,12 +675,14 @@ void SetStages(Config* c, Ctx* ctx) {
       if (count % p.vp != 0)
         return ctx->FailAt(
             k, fmt::format("{} layers do not split evenly over vp = {} chunks", count, p.vp));
-    if (middle < 0 || rest < 0 || (middle == 0 ? rest != 0 : rest % (middle * p.vp) != 0))
+    if (middle < 0 || rest < 0 || (middle == 0 ? rest != 0 : rest % (middle * p.vp) != 0)) {
+      const int others = std::max(middle, 0);
       return ctx->FailAt(
-          key, fmt::format("{} layers minus the first ({}) and last ({}) stages "
-                           "do not split evenly over the other {} stages' {} "
-                           "chunks",
-                           layers, first, last, std::max(middle, 0), std::max(middle, 0) * p.vp));
+          key, fmt::format("{} layers minus the first ({}) and last ({}) stages do not split "
+                           "evenly over the other {} stages{}",
+                           layers, first, last, others,
+                           p.vp > 1 ? fmt::format("' {} chunks", others * p.vp) : ""));
+    }
   } else if (layers % n != 0) {
     return ctx->FailAt("model.llm.layers",
                        fmt::format("{} layers cannot be split into pp*vp = {} equal chunks "
