@@ -117,7 +117,8 @@ TEST_CASE("tune: pruning keeps the exhaustive search's top K, and every bound ho
   const size_t last_axis = axis("parallelism.num_layers_in_last_pipeline_stage");
   const size_t pp_axis = axis("parallelism.pp"), vp_axis = axis("parallelism.vp");
   using Layers = std::vector<int>;
-  const std::map<std::string, std::pair<Layers, Layers>> expected = {  // {loop, V}
+  const std::map<std::string, std::pair<Layers, Layers>> expected = {
+      // {loop, V}
       {"2 1 3 0", {{3, 5}, {}}},
       {"2 1 0 3", {{5, 3}, {}}},
       {"4 1 1 1", {{1, 3, 3, 1}, {}}},
