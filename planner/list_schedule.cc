@@ -3,16 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
-#include <exception>
-#include <functional>
 #include <limits>
 #include <mutex>
 #include <queue>
 #include <set>
-#include <thread>
 #include <tuple>
 
+#include "core/parallel.h"
 #include "planner/decision_queue.h"
 
 namespace pipeplan {
@@ -1046,35 +1043,6 @@ std::vector<std::vector<GeneratorPlacement>> Pass::GeneratorPlacements() const {
       out[k].push_back(p);
     }
   return out;
-}
-
-// Runs f(0..n-1) on up to one thread per core (the calling thread among them); an
-// exception in one (out of memory) is rethrown here once all have stopped.
-void RunParallel(size_t n, const std::function<void(size_t)>& f) {
-  std::atomic<size_t> next{0};
-  std::exception_ptr error;
-  std::mutex mu;
-  auto worker = [&] {
-    try {
-      for (size_t i; (i = next++) < n;) f(i);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!error) error = std::current_exception();
-      next = n;
-    }
-  };
-  const size_t want = std::min<size_t>(n, std::max(1u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> threads;
-  for (size_t j = 1; j < want; ++j) {
-    try {
-      threads.emplace_back(worker);
-    } catch (const std::system_error&) {
-      break;  // a thread the machine refuses is simply not used
-    }
-  }
-  worker();
-  for (auto& th : threads) th.join();
-  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "core/parallel.h"
+
 namespace pipeplan {
 namespace {
 
@@ -23,17 +25,44 @@ int Directions(const Table& t, OpId i, const std::vector<bool>& spans_nodes) {
 
 }  // namespace
 
-std::vector<double> ContendedDurations(const Table& t, const Timeline& tl,
-                                       const std::vector<double>& base, const CostModel& cost) {
-  std::vector<double> out = base;
-  if (cost.unit()) return out;
+LinkContention::LinkContention(const Table& t, const CostModel& cost) : unit_(cost.unit()) {
+  if (unit_) return;
+  alpha_ = cost.spec().inter_latency_s;
   std::vector<bool> spans_nodes(t.num_groups(), false);
   for (int32_t g = 0; g < t.num_groups(); ++g) {
     auto members = t.group(g);
     for (int32_t r : members)
       if (t.ranks()[r].node != t.ranks()[members[0]].node) spans_nodes[g] = true;
   }
-  const double alpha = cost.spec().inter_latency_s;
+  begin_.assign(t.num_ranks() + 1, 0);
+  for (int32_t r = 0; r < t.num_ranks(); ++r) {
+    for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i)
+      if (const int d = Directions(t, i, spans_nodes); d != 0) {
+        ops_.push_back(i);
+        dirs_.push_back(static_cast<uint8_t>(d));
+      }
+    begin_[r + 1] = ops_.size();
+  }
+}
+
+std::vector<double> LinkContention::Durations(const Timeline& tl,
+                                              const std::vector<double>& base) const {
+  std::vector<double> out = base;
+  if (unit_) return out;
+  // Ranks are independent (each writes its own ops): large tables are swept in parts of
+  // about equal transfer counts, on the machine's cores.
+  constexpr size_t kParts = 8;
+  const size_t parts = ops_.size() >= kParallelFromOps ? kParts : 1;
+  std::vector<size_t> first_rank(parts + 1, begin_.size() - 1);
+  for (size_t p = 0; p < parts; ++p)
+    first_rank[p] = std::lower_bound(begin_.begin(), begin_.end() - 1, p * ops_.size() / parts) -
+                    begin_.begin();
+  RunParallel(parts, [&](size_t p) { Sweep(first_rank[p], first_rank[p + 1], tl, base, &out); });
+  return out;
+}
+
+void LinkContention::Sweep(size_t from, size_t to, const Timeline& tl,
+                           const std::vector<double>& base, std::vector<double>* out) const {
   struct Span {
     double start, end;
     OpId op;
@@ -42,11 +71,11 @@ std::vector<double> ContendedDurations(const Table& t, const Timeline& tl,
   std::vector<Span> spans;
   std::vector<double> shared;  // per span: overlap with others on a shared direction
   std::vector<std::pair<double, size_t>> active;
-  for (int32_t r = 0; r < t.num_ranks(); ++r) {
+  for (size_t r = from; r < to; ++r) {
     spans.clear();
-    for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i)
-      if (int d = Directions(t, i, spans_nodes); d != 0 && tl.end[i] > tl.start[i])
-        spans.push_back({tl.start[i], tl.end[i], i, d});
+    for (size_t k = begin_[r]; k < begin_[r + 1]; ++k)
+      if (const OpId i = ops_[k]; tl.end[i] > tl.start[i])
+        spans.push_back({tl.start[i], tl.end[i], i, dirs_[k]});
     if (spans.size() < 2) continue;
     std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
       return a.start < b.start || (a.start == b.start && a.op < b.op);
@@ -72,11 +101,15 @@ std::vector<double> ContendedDurations(const Table& t, const Timeline& tl,
     for (size_t k = 0; k < spans.size(); ++k) {
       if (shared[k] <= 0) continue;
       const OpId i = spans[k].op;
-      const double bw_term = std::max(0.0, base[i] - alpha);
-      out[i] = base[i] + bw_term * shared[k] / (spans[k].end - spans[k].start);
+      const double bw_term = std::max(0.0, base[i] - alpha_);
+      (*out)[i] = base[i] + bw_term * shared[k] / (spans[k].end - spans[k].start);
     }
   }
-  return out;
+}
+
+std::vector<double> ContendedDurations(const Table& t, const Timeline& tl,
+                                       const std::vector<double>& base, const CostModel& cost) {
+  return LinkContention(t, cost).Durations(tl, base);
 }
 
 }  // namespace pipeplan

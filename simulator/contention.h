@@ -19,7 +19,26 @@ namespace pipeplan {
 
 inline constexpr int kContentionPasses = 4;
 
-// The durations with contention, from the uncontended `base` and a timeline.
+// The transfers of a table that use a NIC direction, per rank, found once: the passes of
+// RunSimulation then look at those ops only.
+class LinkContention {
+ public:
+  LinkContention(const Table& t, const CostModel& cost);
+  // The durations with contention, from the uncontended `base` and a timeline of the table.
+  std::vector<double> Durations(const Timeline& tl, const std::vector<double>& base) const;
+
+ private:
+  // Ranks [from, to) into `out`.
+  void Sweep(size_t from, size_t to, const Timeline& tl, const std::vector<double>& base,
+             std::vector<double>* out) const;
+  bool unit_ = false;
+  double alpha_ = 0;           // the inter-node latency (not stretched)
+  std::vector<size_t> begin_;  // per rank r: its transfers at [begin_[r], begin_[r + 1])
+  std::vector<OpId> ops_;      // in op order within a rank
+  std::vector<uint8_t> dirs_;  // per transfer: kEgress | kIngress bits
+};
+
+// The same, for one timeline.
 std::vector<double> ContendedDurations(const Table& t, const Timeline& tl,
                                        const std::vector<double>& base, const CostModel& cost);
 

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <map>
 #include <unordered_map>
 
 #include "core/memory.h"
@@ -311,15 +310,9 @@ StatusOr<Timeline> Simulate(const Table& t, const std::vector<double>& durations
   return Simulate(t, durations, index);
 }
 
-std::vector<OpId> CriticalPath(const Table& t, const Timeline& tl) {
+std::vector<OpId> CriticalPath(const Table& t, const Timeline& tl, const EngineIndex& ix) {
   std::vector<OpId> path;
   if (t.size() == 0) return path;
-  std::vector<OpId> send_to_recv(t.size(), UINT32_MAX);
-  std::map<std::pair<int32_t, uint32_t>, std::vector<OpId>> instances;  // collective members
-  for (OpId i = 0; i < t.size(); ++i) {
-    if (IsRecv(t.kind(i)) && t.send_of(i) != UINT32_MAX) send_to_recv[t.send_of(i)] = i;
-    if (t.grouped(i)) instances[{t.peer(i), t.tag(i)}].push_back(i);
-  }
   auto close = [](double a, double b) {
     return std::abs(a - b) <= 1e-9 * std::max(1.0, std::abs(b));
   };
@@ -342,11 +335,13 @@ std::vector<OpId> CriticalPath(const Table& t, const Timeline& tl) {
     if (s <= 0) break;
     std::vector<OpId> candidates;
     if (IsP2P(t.kind(cur))) {
-      OpId partner = IsSend(t.kind(cur)) ? send_to_recv[cur] : t.send_of(cur);
-      candidates = {prev(cur), partner == UINT32_MAX ? UINT32_MAX : prev(partner)};
+      const OpId partner = ix.partner[cur];
+      candidates = {prev(cur), partner == kNone ? kNone : prev(partner)};
     } else if (t.grouped(cur)) {
       // Started when the last member was ready: any member's stream or dependencies.
-      for (OpId m : instances[{t.peer(cur), t.tag(cur)}]) {
+      const uint32_t c = ix.instance[cur];
+      for (uint32_t k = ix.inst_begin[c]; k < ix.inst_begin[c + 1]; ++k) {
+        const OpId m = ix.inst_members[k];
         candidates.insert(candidates.end(), t.deps(m).begin(), t.deps(m).end());
         candidates.push_back(prev(m));
       }

@@ -51,6 +51,6 @@ StatusOr<Timeline> SimulateWithout(const Table& t, const std::vector<double>& du
 
 // Critical path: from the op that ends last, back through the constraint that set each
 // start. Returns op ids in time order.
-std::vector<OpId> CriticalPath(const Table& t, const Timeline& tl);
+std::vector<OpId> CriticalPath(const Table& t, const Timeline& tl, const EngineIndex& index);
 
 }  // namespace pipeplan

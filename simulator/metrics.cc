@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <tuple>
 
+#include "core/parallel.h"
 #include "simulator/contention.h"
 #include "simulator/engine.h"
 
@@ -64,42 +66,74 @@ void VisionLoad(const Table& t, const std::vector<double>& dur, Metrics* m) {
 }
 
 StatusOr<SimResult> RunSimulation(const Table& t, const SimOptions& o) {
+  // Independent parts of the work run side by side on large tables (results do not depend
+  // on it: each part writes its own outputs).
+  const bool parallel = t.size() >= kParallelFromOps;
   SimResult r;
-  ASSIGN_OR_RETURN(const EngineIndex index, IndexForEngine(t));
-  const std::vector<double> base = o.cost.Durations(t);
+  StatusOr<EngineIndex> indexed = Internal("no index");
+  std::vector<double> base;
+  std::optional<LinkContention> links;
+  RunParallel(
+      3,
+      [&](size_t k) {
+        if (k == 0) indexed = IndexForEngine(t);
+        if (k == 1) base = o.cost.Durations(t);
+        if (k == 2) links.emplace(t, o.cost);
+      },
+      parallel);
+  ASSIGN_OR_RETURN(const EngineIndex index, std::move(indexed));
   r.durations = base;
   ASSIGN_OR_RETURN(r.timeline, Simulate(t, r.durations, index));
   for (int pass = 0; pass < kContentionPasses; ++pass) {  // link contention (contention.h)
-    std::vector<double> next = ContendedDurations(t, r.timeline, base, o.cost);
+    std::vector<double> next = links->Durations(r.timeline, base);
     if (next == r.durations) break;
     r.durations = std::move(next);
     ASSIGN_OR_RETURN(r.timeline, Simulate(t, r.durations, index, std::move(r.timeline)));
   }
-  r.memory = ComputeMemory(t, r.timeline, o.memory, o.memory_curves);
-  r.metrics = ComputeMetrics(t, r.timeline, r.durations, r.memory, o.cost, o.memory.hbm_bytes);
-  if (o.exposure) {
+  // The passes without a module, or with instant copies, beside the memory and metrics.
+  const double step = r.timeline.Makespan();
+  Status exposed = Status::Ok();
+  std::pair<double, double> vision{0, 0}, gen{0, 0};  // (exposed s, hidden fraction)
+  double copy_exposed = 0;
+  auto exposure = [&]() -> Status {
     Timeline scratch;  // buffers of the passes without a module
-    ASSIGN_OR_RETURN(auto vision, Exposure(t, index, r.durations, r.metrics.step_time_s,
-                                           Module::kVision, &scratch));
-    std::tie(r.metrics.vision_exposed_s, r.metrics.vision_hidden_fraction) = vision;
-    ASSIGN_OR_RETURN(auto gen, Exposure(t, index, r.durations, r.metrics.step_time_s,
-                                        Module::kGenerator, &scratch));
-    std::tie(r.metrics.generator_exposed_s, r.metrics.generator_hidden_fraction) = gen;
-  }
-  if (o.exposure && r.metrics.copy_seconds > 0) {  // the same step with instant copies
+    ASSIGN_OR_RETURN(vision, Exposure(t, index, r.durations, step, Module::kVision, &scratch));
+    ASSIGN_OR_RETURN(gen, Exposure(t, index, r.durations, step, Module::kGenerator, &scratch));
     std::vector<double> instant = r.durations;
+    bool copies = false;
     for (OpId i = 0; i < t.size(); ++i)
-      if (IsCopy(t.kind(i))) instant[i] = 0;
-    ASSIGN_OR_RETURN(const Timeline tl, Simulate(t, instant, index));
-    r.metrics.copy_exposed_s = std::max(0.0, r.metrics.step_time_s - tl.Makespan());
+      if (IsCopy(t.kind(i))) copies = copies || instant[i] > 0, instant[i] = 0;
+    if (copies) {  // the same step with instant copies
+      ASSIGN_OR_RETURN(scratch, Simulate(t, instant, index, std::move(scratch)));
+      copy_exposed = std::max(0.0, step - scratch.Makespan());
+    }
+    return Status::Ok();
+  };
+  RunParallel(
+      2,
+      [&](size_t k) {
+        if (k == 1) {
+          if (o.exposure) exposed = exposure();
+          return;
+        }
+        r.memory = ComputeMemory(t, r.timeline, o.memory, o.memory_curves);
+        r.metrics =
+            ComputeMetrics(t, index, r.timeline, r.durations, r.memory, o.cost, o.memory.hbm_bytes);
+      },
+      parallel);
+  RETURN_IF_ERROR(exposed);
+  if (o.exposure) {
+    std::tie(r.metrics.vision_exposed_s, r.metrics.vision_hidden_fraction) = vision;
+    std::tie(r.metrics.generator_exposed_s, r.metrics.generator_hidden_fraction) = gen;
+    if (r.metrics.copy_seconds > 0) r.metrics.copy_exposed_s = copy_exposed;
   }
   VisionLoad(t, r.durations, &r.metrics);
   return r;
 }
 
-Metrics ComputeMetrics(const Table& t, const Timeline& tl, const std::vector<double>& dur,
-                       const std::vector<RankMemory>& memory, const CostModel& cost,
-                       double hbm_bytes) {
+Metrics ComputeMetrics(const Table& t, const EngineIndex& index, const Timeline& tl,
+                       const std::vector<double>& dur, const std::vector<RankMemory>& memory,
+                       const CostModel& cost, double hbm_bytes) {
   Metrics m;
   m.unit_costs = cost.unit();
   m.ops = t.size();
@@ -166,7 +200,7 @@ Metrics ComputeMetrics(const Table& t, const Timeline& tl, const std::vector<dou
       m.megatron_mfu = t.meta().megatron_model_flops_per_step / peak;
     }
   }
-  for (OpId i : CriticalPath(t, tl)) m.critical_path.push_back(t.str(i));
+  for (OpId i : CriticalPath(t, tl, index)) m.critical_path.push_back(t.str(i));
   return m;
 }
 

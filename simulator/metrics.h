@@ -9,6 +9,7 @@
 #include "core/table.h"
 #include "core/timeline.h"
 #include "simulator/cost_model.h"
+#include "simulator/engine.h"
 #include "simulator/memory.h"
 
 namespace pipeplan {
@@ -92,9 +93,10 @@ struct SimResult {
 
 StatusOr<SimResult> RunSimulation(const Table& t, const SimOptions& o);
 
-Metrics ComputeMetrics(const Table& t, const Timeline& tl, const std::vector<double>& durations,
-                       const std::vector<RankMemory>& memory, const CostModel& cost,
-                       double hbm_bytes);
+// `index`: the table's (IndexForEngine), for the critical path.
+Metrics ComputeMetrics(const Table& t, const EngineIndex& index, const Timeline& tl,
+                       const std::vector<double>& durations, const std::vector<RankMemory>& memory,
+                       const CostModel& cost, double hbm_bytes);
 nlohmann::json MetricsJson(const Metrics& m);
 std::string MetricsText(const Metrics& m);  // human-readable table with units
 
