@@ -6,8 +6,13 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
+#include <new>
 #include <nlohmann/json.hpp>
+#include <system_error>
+#include <thread>
 
 #include "core/files.h"
 #include "core/trace_lanes.h"
@@ -98,49 +103,124 @@ int64_t Tid(int32_t rank, int track, int32_t lane) {
   return rank * kTidsPerRank + track * int64_t{trace::kMaxLanes} + lane;
 }
 
-// Appends `s` as a JSON string literal: quotes, and escapes for ", \ and control bytes
-// (JSON's rules; other bytes pass through as UTF-8).
-void Quote(fmt::memory_buffer& out, std::string_view s) {
-  out.push_back('"');
-  size_t plain = 0;  // start of the run of bytes that need no escape
-  for (size_t k = 0; k < s.size(); ++k) {
-    const auto c = static_cast<unsigned char>(s[k]);
-    if (c >= 0x20 && c != '"' && c != '\\') continue;
-    out.append(s.data() + plain, s.data() + k);
-    plain = k + 1;
-    if (c < 0x20)
-      fmt::format_to(fmt::appender(out), FMT_COMPILE("\\u{:04x}"), c);
-    else
-      out.push_back('\\'), out.push_back(static_cast<char>(c));
+// Writers into room reserved at the end of a buffer (the caller sizes it): the per-op
+// events are most of a trace, and a call per piece of text would cost more than the text.
+//
+// `s` as a JSON string literal: quotes, and escapes for ", \ and control bytes (JSON's rules;
+// other bytes pass through as UTF-8). Room: 6 bytes per byte of `s`, and 2.
+char* WriteQuoted(char* p, std::string_view s) {
+  *p++ = '"';
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c != '"' && c != '\\') {
+      *p++ = ch;
+    } else if (c < 0x20) {
+      constexpr char kHex[] = "0123456789abcdef";
+      p = std::copy_n("\\u00", 4, p);
+      *p++ = kHex[c >> 4], *p++ = kHex[c & 15];
+    } else {
+      *p++ = '\\', *p++ = ch;
+    }
   }
-  out.append(s.data() + plain, s.data() + s.size());
-  out.push_back('"');
+  *p++ = '"';
+  return p;
+}
+
+// Nanoseconds as microseconds with three decimals. Room: 25 bytes.
+char* WriteUs(char* p, int64_t ns) {
+  if (ns < 0) *p++ = '-';
+  const uint64_t a = ns < 0 ? 0 - static_cast<uint64_t>(ns) : static_cast<uint64_t>(ns);
+  p = std::to_chars(p, p + 20, a / 1000).ptr;
+  const auto frac = static_cast<unsigned>(a % 1000);
+  *p++ = '.', *p++ = static_cast<char>('0' + frac / 100);
+  *p++ = static_cast<char>('0' + frac / 10 % 10), *p++ = static_cast<char>('0' + frac % 10);
+  return p;
+}
+
+// A cursor over `room` bytes reserved at the end of `buf`; the buffer ends where the
+// cursor is when it goes.
+class Room {
+ public:
+  Room(fmt::memory_buffer& buf, size_t room) : buf_(buf) {
+    const size_t old = buf.size();
+    buf.resize(old + room);
+    p_ = buf.data() + old;
+  }
+  Room(const Room&) = delete;
+  Room& operator=(const Room&) = delete;
+  ~Room() { buf_.resize(static_cast<size_t>(p_ - buf_.data())); }
+  template <size_t N>
+  Room& operator<<(const char (&literal)[N]) {
+    p_ = std::copy_n(literal, N - 1, p_);
+    return *this;
+  }
+  Room& Text(std::string_view s) {
+    p_ = std::copy_n(s.data(), s.size(), p_);
+    return *this;
+  }
+  Room& Quoted(std::string_view s) {  // room: 6 bytes per byte, and 2
+    p_ = WriteQuoted(p_, s);
+    return *this;
+  }
+  Room& Op(const OpKey& op) {  // the op's name (nothing to escape); room: kMaxOpText
+    p_ = WriteOp(p_, op);
+    return *this;
+  }
+  Room& Int(int64_t v) {  // room: 20 bytes
+    p_ = std::to_chars(p_, p_ + 20, v).ptr;
+    return *this;
+  }
+  Room& Us(int64_t ns) {  // room: 25 bytes
+    p_ = WriteUs(p_, ns);
+    return *this;
+  }
+  Room& General6(double v) {  // as {:.6g} writes it; room: 32 bytes
+    p_ = trace::General6(v, p_);
+    return *this;
+  }
+
+ private:
+  fmt::memory_buffer& buf_;
+  char* p_;
+};
+
+void Quote(fmt::memory_buffer& out, std::string_view s) {
+  Room(out, 6 * s.size() + 2).Quoted(s);
 }
 
 void Us(fmt::memory_buffer& out, int64_t ns) {
-  if (ns < 0) out.push_back('-');
-  const uint64_t a = ns < 0 ? 0 - static_cast<uint64_t>(ns) : static_cast<uint64_t>(ns);
-  const fmt::format_int whole(a / 1000);
-  out.append(whole.data(), whole.data() + whole.size());
-  const auto frac = static_cast<unsigned>(a % 1000);
-  const char digits[4] = {'.', static_cast<char>('0' + frac / 100),
-                          static_cast<char>('0' + frac / 10 % 10),
-                          static_cast<char>('0' + frac % 10)};
-  out.append(digits, digits + 4);
+  Room(out, 25).Us(ns);
 }
 
 // `key` then the number as {:.6g} writes it.
 void Field6(fmt::memory_buffer& out, std::string_view key, double v) {
-  out.append(key);
-  char text[32];
-  out.append(text, trace::General6(v, text));
+  Room(out, key.size() + 32).Text(key).General6(v);
 }
 
-// The trace's text, handed to `sink` in pieces of about kFlushBytes.
+// The trace's text, handed to `sink` in pieces of about kFlushBytes. The sink runs on a
+// thread of its own, one piece behind: the next piece is formatted while the last one is
+// written (the kernel's copy into the page cache, or gzip, is about as long as the
+// formatting). Where the machine refuses a thread, each piece is written at once.
 class TraceText {
  public:
   static constexpr size_t kFlushBytes = size_t{1} << 20;
-  explicit TraceText(const std::function<Status(std::string_view)>& sink) : sink_(sink) {}
+  explicit TraceText(const std::function<Status(std::string_view)>& sink) : sink_(sink) {
+    try {
+      writer_ = std::thread([this] { WriteLoop(); });
+    } catch (const std::system_error&) {
+    }
+  }
+  TraceText(const TraceText&) = delete;
+  TraceText& operator=(const TraceText&) = delete;
+  ~TraceText() {
+    if (!writer_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    writer_.join();
+  }
   fmt::memory_buffer& buf() { return buf_; }
   // Starts the next event.
   fmt::memory_buffer& Event() {
@@ -152,18 +232,56 @@ class TraceText {
   void Add(fmt::format_string<Args...> f, Args&&... args) {
     fmt::format_to(fmt::appender(buf_), f, std::forward<Args>(args)...);
   }
+  // Hands the text so far to the sink once it is kFlushBytes long (`all`: now, and waits
+  // until everything is written). Returns the sink's first error.
   Status Flush(bool all = false) {
-    if (!status_.ok() || (!all && buf_.size() < kFlushBytes)) return status_;
-    status_ = sink_(std::string_view(buf_.data(), buf_.size()));
+    if (!all && buf_.size() < kFlushBytes) return Status::Ok();
+    if (!writer_.joinable()) {
+      if (status_.ok()) status_ = Write(buf_);
+      buf_.clear();
+      return status_;
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !full_; });  // the writer is done with the last piece
+    if (!status_.ok()) return status_;
+    std::swap(buf_, next_);
     buf_.clear();
+    full_ = true;
+    cv_.notify_all();
+    if (all) cv_.wait(lock, [&] { return !full_; });
     return status_;
   }
 
  private:
+  Status Write(const fmt::memory_buffer& piece) {
+    try {
+      return sink_(std::string_view(piece.data(), piece.size()));
+    } catch (const std::bad_alloc&) {
+      return Internal("out of memory while writing the trace");
+    }
+  }
+  void WriteLoop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return full_ || stop_; });
+      if (!full_) return;
+      const bool failed = !status_.ok();
+      lock.unlock();  // next_ is the writer's until full_ is cleared
+      Status s = failed ? Status::Ok() : Write(next_);
+      lock.lock();
+      if (status_.ok()) status_ = std::move(s);
+      full_ = false;
+      cv_.notify_all();
+    }
+  }
   const std::function<Status(std::string_view)>& sink_;
-  fmt::memory_buffer buf_;
+  fmt::memory_buffer buf_, next_;  // being formatted; being written (while full_)
   bool first_ = true;
-  Status status_ = Status::Ok();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool full_ = false, stop_ = false;
+  Status status_ = Status::Ok();  // the sink's first error (guarded by mu_ with a writer)
+  std::thread writer_;
 };
 
 }  // namespace
@@ -201,43 +319,35 @@ Status StreamChromeTrace(const Table& t, const Timeline& tl,
       }
     RETURN_IF_ERROR(out.Flush());
   }
-  std::string name;
-  auto put = [&](std::string_view text) { buf.append(text); };
+  // Room for an op event: its literals, its name, names of kinds and modules, seven
+  // integers and four numbers.
+  constexpr size_t kEventRoom = 512 + kMaxOpText;
   for (OpId i = 0; i < t.size(); ++i) {
     if (!ran(i)) continue;  // negative start: never ran
     const Work& w = t.work(i);
     const int64_t start = Ns(tl.start[i]), end = std::max(start, Ns(tl.end[i]));
     const std::string_view module = ModuleName(t.module(i));
-    name.clear();
-    AppendOp(&name, t.key(i));
     out.Event();
-    put(R"({"ph":"X","name":)");
-    Quote(buf, name);
-    put(R"(,"cat":)");
-    Quote(buf, module);
-    fmt::format_to(fmt::appender(buf), FMT_COMPILE(R"(,"pid":{},"tid":{},"ts":)"), t.rank(i),
-                   Tid(t.rank(i), trace::TrackOf(t, i), lanes.lane[i]));
-    Us(buf, start);
-    put(R"(,"dur":)");
-    Us(buf, end - start);
-    put(R"(,"args":{"module":)");
-    Quote(buf, module);
-    put(R"(,"kind":)");
-    Quote(buf, KindName(t.kind(i)));
-    auto field = [&](std::string_view key, int32_t v) {
-      if (v < 0) return;
-      put(key);
-      const fmt::format_int digits(v);
-      buf.append(digits.data(), digits.data() + digits.size());
-    };
-    field(R"(,"microbatch":)", t.mb(i));
-    field(R"(,"chunk":)", t.chunk(i));
-    field(R"(,"task":)", t.task(i));
-    if (w.flops > 0) Field6(buf, R"(,"flops":)", w.flops);
-    if (w.hbm_bytes > 0) Field6(buf, R"(,"hbm_bytes":)", w.hbm_bytes);
-    if (w.payload_bytes > 0) Field6(buf, R"(,"payload_bytes":)", w.payload_bytes);
-    if (o.predicted_s) Field6(buf, R"(,"predicted_us":)", (*o.predicted_s)[i] * 1e6);
-    put("}}");
+    {
+      Room e(buf, kEventRoom);
+      e << R"({"ph":"X","name":")";
+      e.Op(t.key(i)) << R"(","cat":)";
+      e.Quoted(module) << R"(,"pid":)";
+      e.Int(t.rank(i)) << R"(,"tid":)";
+      e.Int(Tid(t.rank(i), trace::TrackOf(t, i), lanes.lane[i])) << R"(,"ts":)";
+      e.Us(start) << R"(,"dur":)";
+      e.Us(end - start) << R"(,"args":{"module":)";
+      e.Quoted(module) << R"(,"kind":)";
+      e.Quoted(KindName(t.kind(i)));
+      if (t.mb(i) >= 0) e << R"(,"microbatch":)", e.Int(t.mb(i));
+      if (t.chunk(i) >= 0) e << R"(,"chunk":)", e.Int(t.chunk(i));
+      if (t.task(i) >= 0) e << R"(,"task":)", e.Int(t.task(i));
+      if (w.flops > 0) e << R"(,"flops":)", e.General6(w.flops);
+      if (w.hbm_bytes > 0) e << R"(,"hbm_bytes":)", e.General6(w.hbm_bytes);
+      if (w.payload_bytes > 0) e << R"(,"payload_bytes":)", e.General6(w.payload_bytes);
+      if (o.predicted_s) e << R"(,"predicted_us":)", e.General6((*o.predicted_s)[i] * 1e6);
+      e << "}}";
+    }
     RETURN_IF_ERROR(out.Flush());
   }
   // Flow arrows SEND -> RECV after every slice: each binds to the slice it starts or ends
@@ -247,20 +357,23 @@ Status StreamChromeTrace(const Table& t, const Timeline& tl,
     const OpId s = t.send_of(i);
     if (s == UINT32_MAX || !ran(s)) continue;
     out.Event();
-    fmt::format_to(
-        fmt::appender(buf),
-        FMT_COMPILE(R"({{"ph":"s","name":"p2p","cat":"p2p","id":{},"pid":{},"tid":{},"ts":)"),
-        t.tag(i), t.rank(s), Tid(t.rank(s), trace::kSend, lanes.lane[s]));
-    Us(buf, Ns(tl.start[s]));
-    buf.push_back('}');
+    {
+      Room e(buf, kEventRoom);
+      e << R"({"ph":"s","name":"p2p","cat":"p2p","id":)";
+      e.Int(t.tag(i)) << R"(,"pid":)";
+      e.Int(t.rank(s)) << R"(,"tid":)";
+      e.Int(Tid(t.rank(s), trace::kSend, lanes.lane[s])) << R"(,"ts":)";
+      e.Us(Ns(tl.start[s])) << "}";
+    }
     out.Event();
-    fmt::format_to(
-        fmt::appender(buf),
-        FMT_COMPILE(
-            R"({{"ph":"f","bp":"e","name":"p2p","cat":"p2p","id":{},"pid":{},"tid":{},"ts":)"),
-        t.tag(i), t.rank(i), Tid(t.rank(i), trace::kRecv, lanes.lane[i]));
-    Us(buf, Ns(tl.start[i]));
-    buf.push_back('}');
+    {
+      Room e(buf, kEventRoom);
+      e << R"({"ph":"f","bp":"e","name":"p2p","cat":"p2p","id":)";
+      e.Int(t.tag(i)) << R"(,"pid":)";
+      e.Int(t.rank(i)) << R"(,"tid":)";
+      e.Int(Tid(t.rank(i), trace::kRecv, lanes.lane[i])) << R"(,"ts":)";
+      e.Us(Ns(tl.start[i])) << "}";
+    }
     RETURN_IF_ERROR(out.Flush());
   }
   for (const CounterTrack& c : counters) {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 
@@ -47,16 +48,16 @@ bool ParseKind(std::string_view s, OpKind* out) {
   return false;
 }
 
-void AppendOp(std::string* out, const OpKey& op) {
-  auto num = [&](std::string_view prefix, int64_t v) {
-    out->append(prefix);
-    const fmt::format_int digits(v);
-    out->append(digits.data(), digits.size());
+char* WriteOp(char* p, const OpKey& op) {
+  auto text = [&](std::string_view s) { p = std::copy_n(s.data(), s.size(), p); };
+  auto num = [&](std::string_view prefix, int32_t v) {
+    text(prefix);
+    p = std::to_chars(p, p + 11, v).ptr;
   };
   num("r", op.rank);
-  out->push_back(' ');
-  if (op.module != DefaultModule(op.kind)) out->append(ModuleName(op.module)).push_back('.');
-  out->append(KindName(op.kind));
+  *p++ = ' ';
+  if (op.module != DefaultModule(op.kind)) text(ModuleName(op.module)), *p++ = '.';
+  text(KindName(op.kind));
   if (op.chunk >= 0) num(" c", op.chunk);
   if (op.mb >= 0) num(" m", op.mb);
   if (op.task >= 0) num(" t", op.task);
@@ -66,6 +67,12 @@ void AppendOp(std::string* out, const OpKey& op) {
         : IsRecv(op.kind) || op.kind == OpKind::kReload ? " <-r"
                                                         : " @g",
         op.peer);
+  return p;
+}
+
+void AppendOp(std::string* out, const OpKey& op) {
+  char text[kMaxOpText];
+  out->append(text, WriteOp(text, op));
 }
 
 std::string FormatOp(const OpKey& op) {

@@ -105,6 +105,10 @@ struct OpKey {
 
 std::string FormatOp(const OpKey& op);
 void AppendOp(std::string* out, const OpKey& op);  // FormatOp, appended to *out
+// FormatOp written at `p` (at most kMaxOpText bytes of letters, digits, spaces and _ . - < >
+// @ only: nothing a JSON string escapes); returns the end.
+inline constexpr size_t kMaxOpText = 128;
+char* WriteOp(char* p, const OpKey& op);
 StatusOr<OpKey> ParseOp(std::string_view text);
 
 }  // namespace pipeplan
