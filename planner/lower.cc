@@ -374,12 +374,33 @@ Status AddHostCopies(std::vector<RankSeq>* seqs, const HostCopyModel& model, Tab
   return Status::Ok();
 }
 
+namespace {
+
+// Sorts tag << 32 | op values by tag, stably (two passes of 16 bits). Ops were added in
+// increasing order, so equal tags stay in op order: the order of sorting the values whole.
+void SortByTag(std::vector<uint64_t>* v) {
+  std::vector<uint64_t> tmp(v->size());
+  for (int shift : {32, 48}) {
+    std::vector<size_t> start(size_t{1} << 16 | 1, 0);
+    for (uint64_t x : *v) ++start[(x >> shift & 0xffff) + 1];
+    for (size_t k = 1; k < start.size(); ++k) start[k] += start[k - 1];
+    for (uint64_t x : *v) tmp[start[x >> shift & 0xffff]++] = x;
+    v->swap(tmp);
+  }
+}
+
+}  // namespace
+
 Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
   size_t total = 0;
   for (const RankSeq& s : seqs) total += s.size();
   b->Reserve(total);
-  using Tagged = std::pair<uint32_t, TableBuilder::Handle>;  // (tag, op)
-  std::vector<Tagged> sends, recvs;
+  // (tag, op) as tag << 32 | op: sorted as the pairs would be, by one integer compare.
+  static_assert(sizeof(TableBuilder::Handle) == 4);
+  auto tagged = [](uint32_t tag, TableBuilder::Handle h) { return uint64_t{tag} << 32 | h; };
+  auto tag_of = [](uint64_t x) { return static_cast<uint32_t>(x >> 32); };
+  auto op_of = [](uint64_t x) { return static_cast<TableBuilder::Handle>(x); };
+  std::vector<uint64_t> sends, recvs;
   sends.reserve(total / 4);
   recvs.reserve(total / 4);
   size_t linked = 0;
@@ -444,9 +465,9 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
             b->AddDep(h, r);
       }
       if (IsSend(k.kind)) {
-        sends.push_back({op.tag, h});
+        sends.push_back(tagged(op.tag, h));
       } else if (IsRecv(k.kind)) {
-        recvs.push_back({op.tag, h});
+        recvs.push_back(tagged(op.tag, h));
       } else if (k.kind == OpKind::kB || k.kind == OpKind::kW) {
         // Pipeline ZeRO-2: the rank's gradient double buffer is free again once the shard
         // of the weight gradients two backwards back (any chunk) is on the host.
@@ -504,18 +525,19 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
     RankSeq().swap(seq);  // in the builder now: released as it goes
     if (total >= kReleaseFromOps && ++linked % 256 == 0) ReleaseFreeMemory();
   }
-  std::sort(sends.begin(), sends.end());
-  std::sort(recvs.begin(), recvs.end());
+  SortByTag(&sends);
+  SortByTag(&recvs);
   for (size_t i = 1; i < sends.size(); ++i)
-    if (sends[i].first == sends[i - 1].first)
-      return Internal(fmt::format("two sends share tag {} ({})", sends[i].first,
-                                  FormatOp(b->key(sends[i].second))));
+    if (tag_of(sends[i]) == tag_of(sends[i - 1]))
+      return Internal(fmt::format("two sends share tag {} ({})", tag_of(sends[i]),
+                                  FormatOp(b->key(op_of(sends[i])))));
   size_t j = 0;
-  for (auto [tag, h] : recvs) {
-    while (j < sends.size() && sends[j].first < tag) ++j;
-    if (j == sends.size() || sends[j].first != tag)
-      return Internal(fmt::format("no send for {}", FormatOp(b->key(h))));
-    b->AddDep(h, sends[j].second);
+  for (const uint64_t recv : recvs) {
+    const uint32_t tag = tag_of(recv);
+    while (j < sends.size() && tag_of(sends[j]) < tag) ++j;
+    if (j == sends.size() || tag_of(sends[j]) != tag)
+      return Internal(fmt::format("no send for {}", FormatOp(b->key(op_of(recv)))));
+    b->AddDep(op_of(recv), op_of(sends[j]));
   }
   return Status::Ok();
 }
