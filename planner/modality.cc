@@ -343,6 +343,8 @@ double CpCommFraction(const Config& c, const CpPlan& plan) {
 }
 
 void TextTimeline::Index(double min_gap_s) {
+  if (min_gap_s == indexed_gap_s_) return;  // merging again would change nothing
+  indexed_gap_s_ = min_gap_s;
   idle_at_.assign(busy.size(), {});
   for (size_t r = 0; r < busy.size(); ++r) {
     auto& b = busy[r];

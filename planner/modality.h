@@ -105,7 +105,7 @@ struct TextTimeline {
   std::vector<double> due, release;
   double end = 0;  // last text op's end
   // Once `busy` holds each rank's intervals in time order: merges gaps shorter than
-  // `min_gap_s` into them and indexes the idle time.
+  // `min_gap_s` into them and indexes the idle time (once per gap size).
   void Index(double min_gap_s);
   // Seconds of idle time on `rank` in [0, t), and the time at which `x` > 0 seconds of
   // idle time after `t` have passed (after the last busy interval every second is idle).
@@ -115,6 +115,7 @@ struct TextTimeline {
 
  private:
   std::vector<std::vector<double>> idle_at_;  // per rank, per interval: idle before its start
+  double indexed_gap_s_ = -1;                 // the gap size of the last Index
 };
 
 // Where vision work may run: only on the consumer (inline), or on any GPU of the job.

@@ -261,12 +261,32 @@ std::vector<ListRules> NestedAlternatives(const Config& c, const ListInput& in) 
   return all;
 }
 
-// The list-scheduled placement of a policy: the alternatives its rules allow, the shortest
-// predicted step kept. Nested may also keep Optimus's phases under its windows and budget,
-// and, when no window was asked for, let its budget alone bound the memory; bubble-fill
-// may use every placement nested may (so it is never slower where the room does not bind),
-// with or without moving tasks, with or without starting gangs only in common gaps, each
-// keeping every rank's encoder activations within `room` (EncoderRoom). `text`: the text-only pass.
+// The rule sets the list scheduler tries for a policy (the search keeps the fastest): the
+// policy's own; nested's alternatives for nested and bubble-fill (it may keep Optimus's
+// phases under its windows and budget, and, when no window was asked for, let its budget
+// alone bound the memory); bubble-fill's own again without moving tasks, and moving them
+// without starting gangs only in common gaps. Bubble-fill's sets keep every rank's encoder
+// activations within `room` (EncoderRoom).
+std::vector<ListRules> Alternatives(const Config& c, ModalityPolicy policy, const ListInput& in,
+                                    const std::vector<double>& room) {
+  std::vector<ListRules> all{RulesOf(c, policy, in)};
+  if (policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill) {
+    const std::vector<ListRules> nested = NestedAlternatives(c, in);
+    all.insert(all.end(), nested.begin(), nested.end());
+  }
+  if (policy != ModalityPolicy::kBubbleFill) return all;
+  ListRules own = all[0];
+  own.steal = false;
+  all.push_back(own);
+  own.steal = true, own.fill_gangs = false;
+  all.push_back(own);
+  for (ListRules& r : all) r.memory_room_bytes = room;
+  return all;
+}
+
+// The list-scheduled placement of a policy: its alternatives (above), the shortest
+// predicted step kept (so bubble-fill is never slower than nested where the room does not
+// bind). `text`: the text-only pass.
 // `nested_s` (bubble-fill): nested's own predicted step on these images (its alternatives
 // without the room: the same runs where the room never acted, run again where it did);
 // `nested_kept`: the placement kept is nested's own (one of those runs, the room idle).
@@ -274,19 +294,11 @@ StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const L
                                  const ModalityWork& w, const TextTimeline& text,
                                  const std::vector<double>& room, double* nested_s = nullptr,
                                  bool* nested_kept = nullptr) {
-  std::vector<ListRules> all{RulesOf(c, policy, in)};
-  const std::vector<ListRules> nested = NestedAlternatives(c, in);
-  if (policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill)
-    all.insert(all.end(), nested.begin(), nested.end());
+  const std::vector<ListRules> all = Alternatives(c, policy, in, room);
   if (policy != ModalityPolicy::kBubbleFill) return ScheduleModality(in, w, all, text);
-  ListRules own = all[0];
-  own.steal = false;
-  all.push_back(own);
-  own.steal = true, own.fill_gangs = false;
-  all.push_back(own);
-  for (ListRules& r : all) r.memory_room_bytes = room;
   ASSIGN_OR_RETURN(ListResult placed, ScheduleModality(in, w, all, text));
   if (nested_s) {
+    const std::vector<ListRules> nested = NestedAlternatives(c, in);
     const auto first = placed.room_bound.begin() + 1, last = first + nested.size();
     const bool idle = std::none_of(first, last, [](uint8_t b) { return b != 0; });
     if (nested_kept)
@@ -325,13 +337,17 @@ constexpr double kListMargin = 0.01;
 
 // `outputs`: per work id, the bytes of its forward's output that stay on the device for
 // their consumer (the encoder's output; not saved activations), where not zero.
+// `hint`: the sizing and rule set to place the images with, no search; `chosen` receives
+// those the search kept (or the hint). `text_cache`: the text-only timeline of earlier
+// steps (see below), or empty.
 // `nested_close` (bubble-fill): set when nested's own placement is predicted within
 // kListMargin of the one kept, or faster (its rules without bubble-fill's room).
 Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch& batch,
                    const std::vector<StageOrder>& orders, const TextWorkload& tw,
                    const TextWorkIds& text_work, const std::vector<RankInfo>& ranks,
                    TableBuilder* b, std::vector<RankSeq>* seqs,
-                   std::unordered_map<WorkId, double>* outputs, bool* nested_close) {
+                   std::unordered_map<WorkId, double>* outputs, bool* nested_close,
+                   const ModalityChoice* hint, ModalityChoice* chosen, TextTimeline* text_cache) {
   const ModalityPolicy policy = c.schedule.modality;
   const bool decoupled = policy == ModalityPolicy::kDecoupled;
   // Nested, bubble-fill and optimus are placed by the list scheduler; the generator is
@@ -346,7 +362,15 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
     pool.latency_budget_s = PipelinedBudget(c, text_round_s);
     pool.window_rounds = ModalityWindow(c);
   }
-  ModalityWork w = BuildModalityWork(c, batch, pool, decoupled && c.schedule.decoupled_recompute);
+  // Without a generator (whose work is the step's own) the text-only timeline depends on
+  // the config alone: `text_cache` keeps it from one step to the next. Given it and another
+  // sizing to use, the images are sized that way only.
+  const bool cacheable = listed && text_cache && !c.model.generator.enabled;
+  const bool cached = cacheable && !text_cache->due.empty();
+  const bool sized_only = cached && hint && hint->sizing > 0;
+  ModalityWork w =
+      sized_only ? ModalityWork{}
+                 : BuildModalityWork(c, batch, pool, decoupled && c.schedule.decoupled_recompute);
   const bool sharded = listed && !w.generator.empty() && shape.pp > 1;
   std::vector<VisionPlacement> vision;
   std::vector<std::vector<GeneratorPlacement>> shards;
@@ -361,7 +385,7 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
     case ModalityPolicy::kNested:
     case ModalityPolicy::kBubbleFill:
     case ModalityPolicy::kOptimus:
-      if (!w.vision.empty() || sharded) {
+      if (sized_only || !w.vision.empty() || sharded) {
         auto input_of = [&](const ModalityWork& x) {
           ListInput xin = ListInputOf(c, shape, orders, tw, ranks, x, sharded);
           xin.bounds = PieceBounds(c, xin);
@@ -370,7 +394,12 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         ListInput in = input_of(w);
         const bool timed_too =
             policy == ModalityPolicy::kBubbleFill && !w.vision.empty() && TimedPlacementFits(c);
-        ASSIGN_OR_RETURN(TextTimeline tl, ScheduleText(in));
+        TextTimeline tl;
+        if (cached) {
+          tl = *text_cache;
+        } else {
+          ASSIGN_OR_RETURN(tl, ScheduleText(in));
+        }
         auto room_for = [&](const ListInput& x) {
           return policy == ModalityPolicy::kBubbleFill
                      ? EncoderRoom(
@@ -378,11 +407,6 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
                            x.bytes.empty() ? 0 : *std::max_element(x.bytes.begin(), x.bytes.end()))
                      : std::vector<double>{};
         };
-        const std::vector<double> room = room_for(in);
-        double nested_s = 0;
-        bool nested_kept = false;
-        ASSIGN_OR_RETURN(ListResult placed,
-                         PlaceListed(c, policy, in, w, tl, room, &nested_s, &nested_kept));
         // Dynamic CP sizes the images by their shard times, which say nothing of what a
         // gang costs in the pipeline (each of its ranks reaches it between its own text
         // ops; the first waits for the others) or of how evenly the ranks' encoder work
@@ -395,7 +419,8 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         // skipped. A probe comes
         // first: one pass of the policy's own rules (alternative 0 of the search; deadlines from
         // the text-only timeline); the search runs on a sizing only where the probe beats that
-        // first pass on the sizings before.
+        // first pass on the sizings before. Sizing 0 is dynamic CP's, 1 to 4 these, 5 the
+        // timed placement's (below).
         std::vector<std::pair<int, VisionPool>> sizings;  // (cp_max_group, pool)
         VisionPool k3_rule = pool;
         k3_rule.latency_budget_s = 0;
@@ -406,75 +431,107 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
           x.text_round_s = text_round_s;
           sizings.push_back({c.model.vision.cp_max_group, x});
         }
-        const bool bubble = policy == ModalityPolicy::kBubbleFill;
-        constexpr double kNever = std::numeric_limits<double>::infinity();
-        double own_best = placed.first_pass_s[0];
-        // Bubble-fill also probes nested's rules (without its room): nested, planned on
-        // its own, may keep a sizing bubble-fill's probe rejects, and bubble-fill's plan is
-        // compared with nested's prediction.
-        double nested_best = kNever;
-        if (bubble) {
-          ASSIGN_OR_RETURN(const auto probe,
-                           Probe({{&in, &w, RulesOf(c, ModalityPolicy::kNested, in)}}, tl));
-          nested_best = probe[0];
-        }
-        std::vector<std::vector<double>> seen{VisionTasksKey(w)};
-        for (const auto& [cp_max_group, sized_pool] : sizings) {
+        const int timed_sizing = static_cast<int>(sizings.size()) + 1;
+        auto sized_work = [&](int sizing) {
+          const auto& [cp_max_group, sized_pool] = sizings[sizing - 1];
           Config sized = c;
           sized.model.vision.cp_max_group = cp_max_group;
-          ModalityWork other = BuildModalityWork(sized, batch, sized_pool, false);
-          std::vector<double> key = VisionTasksKey(other);
-          if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
-          seen.push_back(std::move(key));
-          ListInput oin = input_of(other);
-          const std::vector<double> oroom = room_for(oin);
-          // Larger tasks than any rank has room for: out of memory where the images as
-          // first sized were not.
-          if (bubble && oroom.empty() && !room.empty()) continue;
-          // A probe matters only where it beats the best before (+inf where it cannot).
-          std::vector<ListProbe> probes{{&oin, &other, RulesOf(c, policy, oin), own_best}};
-          if (bubble) {
-            probes[0].rules.memory_room_bytes = oroom;
-            probes.push_back({&oin, &other, RulesOf(c, ModalityPolicy::kNested, oin), nested_best});
-          }
-          ASSIGN_OR_RETURN(const std::vector<double> probe, Probe(probes, tl));
-          const double own_probe = probe[0], nested_probe = bubble ? probe[1] : kNever;
-          if (own_probe >= own_best && nested_probe >= nested_best) continue;
-          nested_best = std::min(nested_best, nested_probe);
-          if (own_probe >= own_best) {  // only nested's prediction can change
-            ASSIGN_OR_RETURN(const ListResult n,
-                             ScheduleModality(oin, other, NestedAlternatives(c, oin), tl));
-            nested_s = std::min(nested_s, n.makespan_s);
-            continue;
-          }
-          own_best = own_probe;
-          double other_nested_s = kNever;
-          bool other_nested_kept = false;
-          ASSIGN_OR_RETURN(ListResult oplaced, PlaceListed(c, policy, oin, other, tl, oroom,
-                                                           &other_nested_s, &other_nested_kept));
-          nested_s = std::min(nested_s, other_nested_s);
-          if (oplaced.makespan_s < placed.makespan_s) {
-            w = std::move(other), in = std::move(oin), placed = std::move(oplaced);
-            nested_kept = other_nested_kept;
-          }
-        }
-        if (timed_too) {
-          // The same images placed on the stages where they can be hidden (the text-only
-          // timeline's idle time), kept if the step is shorter.
+          return BuildModalityWork(sized, batch, sized_pool, false);
+        };
+        auto timed_work = [&] {  // the images on the stages idle when they are due
           tl.Index(PieceQuantum(in));
           VisionPool timed = pool;
           timed.timeline = &tl;
-          ModalityWork timed_work = BuildModalityWork(c, batch, timed, false);
-          ListInput tin = input_of(timed_work);
-          ASSIGN_OR_RETURN(ListResult tplaced,
-                           PlaceListed(c, policy, tin, timed_work, tl, room_for(tin)));
-          if (tplaced.makespan_s < placed.makespan_s) {
-            w = std::move(timed_work), in = std::move(tin), placed = std::move(tplaced);
-            nested_kept = false;
+          return BuildModalityWork(c, batch, timed, false);
+        };
+        ListResult placed;
+        bool nested_kept = false;
+        double nested_s = 0;
+        if (hint) {  // the sizing and rule set given: no search
+          if (hint->sizing < 0 || hint->sizing > timed_sizing)
+            return Internal("a modality choice of another plan");
+          if (hint->sizing > 0) {
+            w = hint->sizing == timed_sizing ? timed_work() : sized_work(hint->sizing);
+            in = input_of(w);
           }
+          const std::vector<ListRules> all = Alternatives(c, policy, in, room_for(in));
+          if (hint->rules < 0 || hint->rules >= static_cast<int>(all.size()))
+            return Internal("a modality choice of another plan");
+          ASSIGN_OR_RETURN(placed, ScheduleModality(in, w, {all[hint->rules]}, tl));
+          if (chosen) *chosen = *hint;
+        } else {
+          const std::vector<double> room = room_for(in);
+          ASSIGN_OR_RETURN(placed,
+                           PlaceListed(c, policy, in, w, tl, room, &nested_s, &nested_kept));
+          int sizing_kept = 0;
+          const bool bubble = policy == ModalityPolicy::kBubbleFill;
+          constexpr double kNever = std::numeric_limits<double>::infinity();
+          double own_best = placed.first_pass_s[0];
+          // Bubble-fill also probes nested's rules (without its room): nested, planned on
+          // its own, may keep a sizing bubble-fill's probe rejects, and bubble-fill's plan is
+          // compared with nested's prediction.
+          double nested_best = kNever;
+          if (bubble) {
+            ASSIGN_OR_RETURN(const auto probe,
+                             Probe({{&in, &w, RulesOf(c, ModalityPolicy::kNested, in)}}, tl));
+            nested_best = probe[0];
+          }
+          std::vector<std::vector<double>> seen{VisionTasksKey(w)};
+          for (int sizing = 1; sizing < timed_sizing; ++sizing) {
+            ModalityWork other = sized_work(sizing);
+            std::vector<double> key = VisionTasksKey(other);
+            if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+            seen.push_back(std::move(key));
+            ListInput oin = input_of(other);
+            const std::vector<double> oroom = room_for(oin);
+            // Larger tasks than any rank has room for: out of memory where the images as
+            // first sized were not.
+            if (bubble && oroom.empty() && !room.empty()) continue;
+            // A probe matters only where it beats the best before (+inf where it cannot).
+            std::vector<ListProbe> probes{{&oin, &other, RulesOf(c, policy, oin), own_best}};
+            if (bubble) {
+              probes[0].rules.memory_room_bytes = oroom;
+              probes.push_back(
+                  {&oin, &other, RulesOf(c, ModalityPolicy::kNested, oin), nested_best});
+            }
+            ASSIGN_OR_RETURN(const std::vector<double> probe, Probe(probes, tl));
+            const double own_probe = probe[0], nested_probe = bubble ? probe[1] : kNever;
+            if (own_probe >= own_best && nested_probe >= nested_best) continue;
+            nested_best = std::min(nested_best, nested_probe);
+            if (own_probe >= own_best) {  // only nested's prediction can change
+              ASSIGN_OR_RETURN(const ListResult n,
+                               ScheduleModality(oin, other, NestedAlternatives(c, oin), tl));
+              nested_s = std::min(nested_s, n.makespan_s);
+              continue;
+            }
+            own_best = own_probe;
+            double other_nested_s = kNever;
+            bool other_nested_kept = false;
+            ASSIGN_OR_RETURN(ListResult oplaced, PlaceListed(c, policy, oin, other, tl, oroom,
+                                                             &other_nested_s, &other_nested_kept));
+            nested_s = std::min(nested_s, other_nested_s);
+            if (oplaced.makespan_s < placed.makespan_s) {
+              w = std::move(other), in = std::move(oin), placed = std::move(oplaced);
+              nested_kept = other_nested_kept, sizing_kept = sizing;
+            }
+          }
+          if (timed_too) {
+            // The same images placed on the stages where they can be hidden (the text-only
+            // timeline's idle time), kept if the step is shorter.
+            ModalityWork timed = timed_work();
+            ListInput tin = input_of(timed);
+            ASSIGN_OR_RETURN(ListResult tplaced,
+                             PlaceListed(c, policy, tin, timed, tl, room_for(tin)));
+            if (tplaced.makespan_s < placed.makespan_s) {
+              w = std::move(timed), in = std::move(tin), placed = std::move(tplaced);
+              nested_kept = false, sizing_kept = timed_sizing;
+            }
+          }
+          if (chosen) *chosen = {policy, sizing_kept, placed.alternative};
         }
+        if (cacheable && !cached) *text_cache = tl;
         if (nested_close)
-          *nested_close = policy == ModalityPolicy::kBubbleFill && !nested_kept &&
+          *nested_close = !hint && policy == ModalityPolicy::kBubbleFill && !nested_kept &&
                           nested_s < placed.makespan_s * (1 + kListMargin);
         // The scheduler's working state (freed, partly in its threads' heaps) goes back
         // before the table is built; for large plans (text compute, SEND and RECV: about
@@ -613,8 +670,10 @@ StatusOr<Config> ConfigOfPlan(const Table& plan, const std::string& plan_path,
 
 namespace {
 
-// `nested_close`: see AddModality.
-StatusOr<Table> PlanOnce(const Config& c, bool* nested_close = nullptr);
+// `nested_close`, `hint`, `chosen`, `text_cache`: see AddModality.
+StatusOr<Table> PlanOnce(const Config& c, bool* nested_close = nullptr,
+                         const ModalityChoice* hint = nullptr, ModalityChoice* chosen = nullptr,
+                         TextTimeline* text_cache = nullptr);
 
 struct OpKeyHash {
   size_t operator()(const OpKey& k) const {
@@ -654,7 +713,8 @@ StatusOr<Predicted> PredictWithoutOffload(const Config& c) {
   return p;
 }
 
-StatusOr<Table> PlanOnce(const Config& c, bool* nested_close) {
+StatusOr<Table> PlanOnce(const Config& c, bool* nested_close, const ModalityChoice* hint,
+                         ModalityChoice* chosen, TextTimeline* text_cache) {
   const ParallelConfig& p = c.parallel;
   PipelineShape shape{p.pp, p.vp, p.dp, c.training.microbatches, PlacementOf(c.schedule.pipeline)};
   const PipelineKind pipeline = c.schedule.pipeline;
@@ -835,7 +895,7 @@ StatusOr<Table> PlanOnce(const Config& c, bool* nested_close) {
   if (!Multimodal(c)) seqs = ExpandStages(orders, shape, text_work);
   if (Multimodal(c)) {
     RETURN_IF_ERROR(AddModality(c, shape, batch, orders, tw, text_work, ranks, &b, &seqs, &outputs,
-                                nested_close));
+                                nested_close, hint, chosen, text_cache));
     // FSDP: full gradients reduce-scattered over the job, full bf16 parameters gathered
     // before the step's first use. Replicated: the copy's gradients all-reduced over its
     // holders (reduce-scattered with ZeRO >= 1, the updated shards gathered after the
@@ -1183,16 +1243,18 @@ StatusOr<bool> Better(const Config& c, const Table& a, const Table& b) {
   return key(y.metrics) < key(x.metrics);
 }
 
-// One plan of c's policy, for c's micro-batch order.
-StatusOr<Table> PlanOrdered(const Config& c) {
+// One plan of c's policy, for c's micro-batch order. `chosen`: what placed its images.
+StatusOr<Table> PlanOrdered(const Config& c, ModalityChoice* chosen = nullptr) {
   bool close = false;
-  ASSIGN_OR_RETURN(Table own, PlanOnce(c, &close));
+  ASSIGN_OR_RETURN(Table own, PlanOnce(c, &close, nullptr, chosen));
   if (!close) return own;
   Config n = c;
   n.schedule.modality = ModalityPolicy::kNested;
-  ASSIGN_OR_RETURN(Table nested, PlanOnce(n));
+  ModalityChoice nested_choice;
+  ASSIGN_OR_RETURN(Table nested, PlanOnce(n, nullptr, nullptr, &nested_choice));
   ASSIGN_OR_RETURN(const bool better, Better(c, own, nested));
   if (!better) return own;
+  if (chosen) *chosen = nested_choice;
   nested.mutable_meta().modality = own.meta().modality;
   nested.mutable_meta().config_yaml = own.meta().config_yaml;
   return nested;
@@ -1364,6 +1426,35 @@ StatusOr<Table> BuildPlan(const Config& c, MemoryChoice* choice) {
     own.plans = plans;
   }
   if (choice) *choice = own;
+  return t;
+}
+
+StatusOr<Replanner> Replanner::Start(const Config& c) {
+  Replanner r;
+  r.config_ = c;
+  r.text_ = std::make_shared<TextTimeline>();
+  if (c.training.memory_auto || c.data.order == MicrobatchOrder::kAuto) {
+    // The searched modes and order, as the plan's config stores them.
+    ASSIGN_OR_RETURN(const Table searched, BuildPlan(c));
+    ASSIGN_OR_RETURN(r.config_, ConfigOfPlan(searched, c.source));
+  }
+  ASSIGN_OR_RETURN(r.first_, PlanOrdered(r.config_, &r.choice_));
+  return r;
+}
+
+StatusOr<Table> Replanner::Plan(uint64_t seed) {
+  ASSIGN_OR_RETURN(YamlDoc doc, YamlDoc::FromString(config_.source, config_.resolved_yaml.str()));
+  RETURN_IF_ERROR(doc.ApplySet(fmt::format("data.seed={}", seed)));
+  Config k = config_;
+  k.data.seed = seed;
+  if (choice_.sizing < 0) {  // nothing searched for the images
+    k.resolved_yaml = YamlText(doc);
+    return PlanOnce(k);
+  }
+  k.schedule.modality = choice_.policy;
+  ASSIGN_OR_RETURN(Table t, PlanOnce(k, nullptr, &choice_, nullptr, text_.get()));
+  t.mutable_meta().modality = std::string(ModalityName(config_.schedule.modality));
+  t.mutable_meta().config_yaml = YamlText(doc).str();
   return t;
 }
 

@@ -1,11 +1,15 @@
 // Config -> operator table: workload, text schedule, lowering passes, linking.
 #pragma once
 
+#include <memory>
+
 #include "core/table.h"
 #include "planner/config.h"
 #include "simulator/metrics.h"
 
 namespace pipeplan {
+
+struct TextTimeline;  // planner/modality.h
 
 // How one module keeps its activations for the backward.
 struct MemoryMode {
@@ -63,6 +67,43 @@ StatusOr<Table> BuildPlan(const Config& config, MemoryChoice* choice = nullptr);
 Config WithChoice(Config config, const MemoryChoice& choice);
 // Whether memory: auto may move the LLM's fp32 gradients (ZeRO-2, host gradients).
 bool GradientsMovable(const Config& config);
+
+// What placed a plan's images under a list-scheduled policy (nested, bubble-fill, optimus):
+// the policy whose rules placed them (bubble-fill may keep nested's plan), the images'
+// sizing (0: dynamic CP's; 1 to 4: the other sizings the search tries; 5: the timed
+// placement) and the rule set's index among the policy's alternatives (plan.cc:
+// Alternatives). sizing -1: no list-scheduled placement.
+struct ModalityChoice {
+  ModalityPolicy policy = ModalityPolicy::kInline;
+  int sizing = -1;
+  int rules = -1;
+  bool operator==(const ModalityChoice&) const = default;
+};
+
+// Replanning step after step of one config, each step with its own images (`data.seed`).
+// The first step is planned with every search `plan` runs (memory modes under memory:
+// auto, the micro-batch order under auto, the images' sizing and the list scheduler's rule
+// sets); later steps keep those choices and place their own images with them without
+// searching: one rule set's passes instead of some tens (a warm start). A step's plan is
+// the plan of the config with the searched modes and order, its seed, and the first step's
+// sizing and rule set: with the first step's seed, the first step's plan.
+class Replanner {
+ public:
+  static StatusOr<Replanner> Start(const Config& config);
+  const Table& first() const { return first_; }
+  const ModalityChoice& choice() const { return choice_; }
+  // The plan of the step whose images are drawn with `seed`. Not safe to call from two
+  // threads at once (it keeps what later steps reuse).
+  StatusOr<Table> Plan(uint64_t seed);
+
+ private:
+  Config config_;  // with the modes and order the search chose
+  ModalityChoice choice_;
+  Table first_;
+  // The text-only timeline of the list scheduler (without a generator it is the same for
+  // every step), empty until a step has computed it.
+  std::shared_ptr<TextTimeline> text_;
+};
 
 // Ranks of a config: (replica d, stage s) -> rank d*pp + s with GPU placement in
 // Megatron's tp-cp-dp-pp order.

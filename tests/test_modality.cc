@@ -678,3 +678,64 @@ TEST_CASE("balanced against the text: ranks of a stage with more text take less 
   CHECK(after[3] == 0);
   CHECK(after[0] + after[1] + after[2] == doctest::Approx(total));
 }
+
+TEST_CASE("replanning: later steps keep the first step's sizing and rule set") {
+  // For each list-scheduled policy, steps with other seeds: where the full search of that
+  // step's images keeps the first step's choice, the replanned step is that plan, byte for
+  // byte; everywhere it is a valid plan of that step's images, its config naming its seed.
+  int same_choice = 0, steps = 0;
+  for (const char* policy : {"nested", "bubble-fill", "optimus"}) {
+    CAPTURE(policy);
+    const Config c = MultimodalConfig(policy, {"data.seed=3"});
+    auto r = Replanner::Start(c);
+    REQUIRE_MESSAGE(r.ok(), r.status().message());
+    CHECK(SerializePb(r->first()) == SerializePb(Plan(c)));
+    REQUIRE(r->choice().sizing >= 0);
+    auto again = r->Plan(3);  // the first step's seed: the first step's plan
+    REQUIRE(again.ok());
+    CHECK(SerializePb(*again) == SerializePb(r->first()));
+    for (uint64_t seed : {4, 5, 6, 7}) {
+      CAPTURE(seed);
+      auto step = r->Plan(seed);
+      REQUIRE_MESSAGE(step.ok(), step.status().message());
+      CHECK(ValidatePlan(*step).ok());
+      auto stored = ConfigOfPlan(*step, "plan.pb");
+      REQUIRE(stored.ok());
+      CHECK(stored->data.seed == seed);
+      CHECK(stored->schedule.modality == c.schedule.modality);
+      const Config own = MultimodalConfig(policy, {fmt::format("data.seed={}", seed)});
+      auto searched = Replanner::Start(own);
+      REQUIRE(searched.ok());
+      ++steps;
+      if (searched->choice() == r->choice()) {
+        ++same_choice;
+        CHECK(SerializePb(*step) == SerializePb(searched->first()));
+      }
+    }
+  }
+  // Both cases occur on this workload: steps whose own search keeps the first step's
+  // choice, and steps whose search would choose otherwise.
+  CHECK(same_choice > 0);
+  CHECK(same_choice < steps);
+  MESSAGE(
+      fmt::format("{} of {} steps: the search kept the first step's choice", same_choice, steps));
+  // Under memory: auto and micro-batch order auto, the steps keep the searched modes and
+  // order: the first step's plan re-planned from its own config is the same plan.
+  const Config automatic = MultimodalConfig(
+      "nested", {"data.microbatch_order=auto", "training.memory=auto", "data.seed=3"});
+  auto a = Replanner::Start(automatic);
+  REQUIRE(a.ok());
+  auto stored = ConfigOfPlan(a->first(), "plan.pb");
+  REQUIRE(stored.ok());
+  CHECK(stored->data.order != MicrobatchOrder::kAuto);
+  CHECK(!stored->training.memory_auto);
+  CHECK(SerializePb(Plan(*stored)) == SerializePb(a->first()));
+  // Text only: nothing to choose; a step is the config's plan with its seed.
+  const Config text = SmallConfig(PipelineKind::k1F1B, 4, 1, 8, 1, {"data.seed=5"});
+  auto t = Replanner::Start(text);
+  REQUIRE(t.ok());
+  CHECK(t->choice().sizing == -1);
+  auto step = t->Plan(5);
+  REQUIRE(step.ok());
+  CHECK(SerializePb(*step) == SerializePb(Plan(text)));
+}
