@@ -319,10 +319,11 @@ void BM_EngineScalingK3(benchmark::State& state) {
 }
 BENCHMARK(BM_EngineScalingK3)->Unit(benchmark::kMillisecond)->Iterations(1);
 
-// Replanning one step of the K3-scale config on 1,024 GPUs with a fresh batch of images:
-// data, balancing, dynamic CP sub-groups, bubble-fill placement (with its text timeline),
-// lowering. One new seed per iteration.
-void BM_ReplanK3Step(benchmark::State& state) {
+// Planning one step of the K3-scale config on 1,024 GPUs with a fresh batch of images and
+// every search `plan` runs: the config, data, balancing, dynamic CP sub-groups, the
+// sizings and bubble-fill's rule sets (with its text timeline), lowering. One new seed per
+// iteration.
+void BM_SearchK3Step(benchmark::State& state) {
   uint64_t seed = 0;
   size_t ops = 0;
   for (auto _ : state) {
@@ -335,12 +336,84 @@ void BM_ReplanK3Step(benchmark::State& state) {
   }
   state.counters["ops"] = static_cast<double>(ops);
 }
+BENCHMARK(BM_SearchK3Step)
+    ->Arg(128)
+    ->Arg(512)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2)
+    ->UseRealTime();
+
+// Replanning one step of the same (Replanner): the first step's searches kept, the step's
+// own images placed with its sizing and rule set. One new seed per iteration.
+void BM_ReplanK3Step(benchmark::State& state) {
+  const Config c = K3Config({fmt::format("cluster.nodes={}", state.range(0))});
+  auto r = Replanner::Start(c);
+  if (!r.ok()) return state.SkipWithError(r.status().message().c_str());
+  uint64_t seed = 0;
+  size_t ops = 0;
+  for (auto _ : state) {
+    auto t = r->Plan(++seed);
+    if (!t.ok()) return state.SkipWithError(t.status().message().c_str());
+    ops = t->size();
+    benchmark::DoNotOptimize(t);
+  }
+  state.counters["ops"] = static_cast<double>(ops);
+}
 BENCHMARK(BM_ReplanK3Step)
     ->Arg(128)
     ->Arg(512)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(2)
     ->UseRealTime();
+
+// What the warm start costs in step time: over ten steps (seeds 1-10), each step's
+// replanned plan against its own full search (simulated step times; ratio > 1: the
+// replanned step is slower), and in how many steps the search kept the first step's
+// choice. On the K3-scale config (1,024 GPUs) and the understanding workload under nested
+// and bubble-fill.
+void ReplanQuality(benchmark::State& state, const std::string& path,
+                   std::vector<std::string> sets) {
+  auto c = LoadConfig(path, sets);
+  if (!c.ok()) return state.SkipWithError(c.status().message().c_str());
+  auto r = Replanner::Start(*c);
+  if (!r.ok()) return state.SkipWithError(r.status().message().c_str());
+  auto step_s = [&](const Table& t) {
+    SimOptions o = SimOptionsFor(*c);
+    o.exposure = false;
+    auto sim = RunSimulation(t, o);
+    if (!sim.ok()) throw std::runtime_error(sim.status().message());
+    return sim->metrics.step_time_s;
+  };
+  double sum = 0, worst = 0;
+  int same = 0, steps = 0;
+  for (uint64_t seed = 1; seed <= 10; ++seed) {
+    auto replanned = r->Plan(seed);
+    sets.push_back(fmt::format("data.seed={}", seed));
+    auto k = LoadConfig(path, sets);
+    sets.pop_back();
+    if (!k.ok()) return state.SkipWithError(k.status().message().c_str());
+    auto searched = Replanner::Start(*k);
+    if (!replanned.ok() || !searched.ok()) return state.SkipWithError("plan failed");
+    const double ratio = step_s(*replanned) / step_s(searched->first());
+    sum += ratio, worst = std::max(worst, ratio), ++steps;
+    same += searched->choice() == r->choice();
+  }
+  for (auto _ : state) {
+  }
+  state.counters["step_ratio_mean"] = sum / steps;
+  state.counters["step_ratio_max"] = worst;
+  state.counters["same_choice"] = same;
+}
+const std::string kQwen = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/qwen3_30b_a3b_vit.yaml";
+BENCHMARK_CAPTURE(ReplanQuality, k3_1024gpus, kK3, {"cluster.nodes=128"})
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1);
+BENCHMARK_CAPTURE(ReplanQuality, qwen_nested, kQwen, {"schedule.modality=nested"})
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1);
+BENCHMARK_CAPTURE(ReplanQuality, qwen_bubble_fill, kQwen, {"schedule.modality=bubble-fill"})
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1);
 
 // CLI start-up: `pipeplan --version` as a process (wall time and peak RSS).
 void BM_CliStartup(benchmark::State& state) {
