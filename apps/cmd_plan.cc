@@ -1,8 +1,9 @@
 // pipeplan plan CONFIG [-o FILE] [--format pb|json|torch-csv|torch-csv-comms|chakra]
-//                     [--replica D]
+//                     [--replica D] [--steps N [--manifests PATTERN]]
 //                     [--set K=V]...
 #include <fmt/format.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -17,12 +18,86 @@
 
 namespace pipeplan {
 
+namespace {
+
+std::string WithStep(std::string pattern, int step) {
+  const size_t at = pattern.find("{step}");
+  if (at != std::string::npos) pattern.replace(at, 6, std::to_string(step));
+  return pattern;
+}
+
+// `plan --steps N`: step k's plan (k = 0 .. N-1) from the Replanner, validated, written to
+// the output pattern with {step} = k; one line (or JSON object) per step.
+template <typename Options>
+int PlanSteps(const Options& o) {
+  const bool many = o.steps > 1;
+  if (many && !o.output.empty() && o.output.find("{step}") == std::string::npos)
+    return Report(
+        InvalidInput(fmt::format("--steps {}: -o {} has no {{step}}", o.steps, o.output)));
+  if (!o.manifests.empty() && o.manifests.find("{step}") == std::string::npos && many)
+    return Report(InvalidInput(fmt::format("--manifests {} has no {{step}}", o.manifests)));
+  std::vector<std::string> sets = o.sets;
+  if (!o.manifests.empty()) sets.push_back("data.manifest=" + WithStep(o.manifests, 0));
+  auto config = LoadConfig(o.config, sets);
+  if (!config.ok()) return Report(config.status());
+  PlanFormat format = PlanFormat::kPb;
+  if (!o.output.empty()) {
+    auto pf = o.format.empty() ? FormatFromPath(WithStep(o.output, 0)) : ParsePlanFormat(o.format);
+    if (!pf.ok()) return Report(pf.status());
+    if (*pf != PlanFormat::kPb && *pf != PlanFormat::kJson)
+      return Report(InvalidInput("--steps writes plan files: .pb or .json"));
+    format = *pf;
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto replanner = Replanner::Start(*config);
+  if (!replanner.ok()) return Report(replanner.status());
+  double searched_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  FILE* out = o.output == "-" ? stderr : stdout;
+  nlohmann::json steps = nlohmann::json::array();
+  for (int k = 0; k < o.steps; ++k) {
+    const uint64_t seed = config->data.seed + static_cast<uint64_t>(k);
+    const std::string manifest = o.manifests.empty() ? "" : WithStep(o.manifests, k);
+    const auto t0 = Clock::now();
+    StatusOr<Table> planned =
+        k == 0 ? StatusOr<Table>(replanner->first()) : replanner->Plan(seed, manifest);
+    if (!planned.ok()) return Report(planned.status());
+    const double ms =
+        k == 0 ? searched_ms : std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (Status v = ValidatePlan(*planned); !v.ok()) return Report(v);
+    const std::string path = WithStep(o.output, k);
+    if (!path.empty())
+      if (Status s = SavePlan(*planned, path, format); !s.ok()) return Report(s);
+    const std::string images =
+        manifest.empty() ? fmt::format("seed {}", seed) : fmt::format("manifest {}", manifest);
+    if (o.json) {
+      steps.push_back({{"step", k},
+                       {"images", images},
+                       {"ops", planned->size()},
+                       {"planned_ms", ms},
+                       {"searched", k == 0},
+                       {"output", path}});
+    } else {
+      fmt::print(out, "step {} ({}): {} ops, {} in {:.1f} ms{}\n", k, images, planned->size(),
+                 k == 0 ? "searched" : "placed with step 0's choices", ms,
+                 path.empty() ? "" : ", wrote " + path);
+      std::fflush(out);
+    }
+  }
+  if (o.json) fmt::print(out, "{}\n", DumpJson({{"steps", steps}}));
+  return 0;
+}
+
+}  // namespace
+
 Command MakePlanCommand() {
   struct Options {
     std::string config, output, format;
     std::vector<std::string> sets;
     bool json = false;
     int replica = 0;
+    int steps = 0;
+    std::string manifests;
   };
   auto o = std::make_shared<Options>();
   Command c;
@@ -37,10 +112,20 @@ Command MakePlanCommand() {
     app->add_option("--replica", o->replica,
                     "torch-csv: the DP replica whose ranks are written (one row per pp rank)")
         ->default_val(0);
+    app->add_option(
+           "--steps", o->steps,
+           "plan this many training steps one after another, each with its own images "
+           "(data.seed + step, or --manifests): the first with every search, the later "
+           "ones with the first's choices (a warm start); -o is then a pattern with {step}")
+        ->check(CLI::PositiveNumber);
+    app->add_option("--manifests", o->manifests,
+                    "with --steps: each step's samples from this manifest, a path with {step}");
     app->add_option("--set", o->sets, "override a config key: key.path=value (repeatable)");
     app->add_flag("--json", o->json, "print the summary as JSON");
   };
   c.run = [o]() -> int {
+    if (o->steps > 0) return PlanSteps(*o);
+    if (!o->manifests.empty()) return Report(InvalidInput("--manifests goes with --steps"));
     auto config = LoadConfig(o->config, o->sets);
     if (!config.ok()) return Report(config.status());
     MemoryChoice memory;

@@ -1243,10 +1243,12 @@ StatusOr<bool> Better(const Config& c, const Table& a, const Table& b) {
   return key(y.metrics) < key(x.metrics);
 }
 
-// One plan of c's policy, for c's micro-batch order. `chosen`: what placed its images.
-StatusOr<Table> PlanOrdered(const Config& c, ModalityChoice* chosen = nullptr) {
+// One plan of c's policy, for c's micro-batch order. `chosen`: what placed its images;
+// `text_cache`: see AddModality.
+StatusOr<Table> PlanOrdered(const Config& c, ModalityChoice* chosen = nullptr,
+                            TextTimeline* text_cache = nullptr) {
   bool close = false;
-  ASSIGN_OR_RETURN(Table own, PlanOnce(c, &close, nullptr, chosen));
+  ASSIGN_OR_RETURN(Table own, PlanOnce(c, &close, nullptr, chosen, text_cache));
   if (!close) return own;
   Config n = c;
   n.schedule.modality = ModalityPolicy::kNested;
@@ -1438,15 +1440,19 @@ StatusOr<Replanner> Replanner::Start(const Config& c) {
     ASSIGN_OR_RETURN(const Table searched, BuildPlan(c));
     ASSIGN_OR_RETURN(r.config_, ConfigOfPlan(searched, c.source));
   }
-  ASSIGN_OR_RETURN(r.first_, PlanOrdered(r.config_, &r.choice_));
+  ASSIGN_OR_RETURN(r.first_, PlanOrdered(r.config_, &r.choice_, r.text_.get()));
   return r;
 }
 
-StatusOr<Table> Replanner::Plan(uint64_t seed) {
+StatusOr<Table> Replanner::Plan(uint64_t seed, const std::string& manifest) {
   ASSIGN_OR_RETURN(YamlDoc doc, YamlDoc::FromString(config_.source, config_.resolved_yaml.str()));
   RETURN_IF_ERROR(doc.ApplySet(fmt::format("data.seed={}", seed)));
   Config k = config_;
   k.data.seed = seed;
+  if (!manifest.empty()) {
+    RETURN_IF_ERROR(doc.ApplySet(fmt::format("data.manifest={}", manifest)));
+    k.data.manifest = manifest;
+  }
   if (choice_.sizing < 0) {  // nothing searched for the images
     k.resolved_yaml = YamlText(doc);
     return PlanOnce(k);

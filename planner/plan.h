@@ -83,7 +83,8 @@ struct ModalityChoice {
 // Replanning step after step of one config, each step with its own images (`data.seed`).
 // The first step is planned with every search `plan` runs (memory modes under memory:
 // auto, the micro-batch order under auto, the images' sizing and the list scheduler's rule
-// sets); later steps keep those choices and place their own images with them without
+// sets); later steps keep those choices and place their own images (drawn with their own
+// seed, or read from their own manifest) with them without
 // searching: one rule set's passes instead of some tens (a warm start). A step's plan is
 // the plan of the config with the searched modes and order, its seed, and the first step's
 // sizing and rule set: with the first step's seed, the first step's plan.
@@ -92,9 +93,10 @@ class Replanner {
   static StatusOr<Replanner> Start(const Config& config);
   const Table& first() const { return first_; }
   const ModalityChoice& choice() const { return choice_; }
-  // The plan of the step whose images are drawn with `seed`. Not safe to call from two
-  // threads at once (it keeps what later steps reuse).
-  StatusOr<Table> Plan(uint64_t seed);
+  // The plan of the step whose images are drawn with `seed`, or read from `manifest` where
+  // given (`data.manifest`). Not safe to call from two threads at once (it keeps what later
+  // steps reuse).
+  StatusOr<Table> Plan(uint64_t seed, const std::string& manifest = "");
 
  private:
   Config config_;  // with the modes and order the search chose

@@ -739,3 +739,59 @@ TEST_CASE("replanning: later steps keep the first step's sizing and rule set") {
   REQUIRE(step.ok());
   CHECK(SerializePb(*step) == SerializePb(Plan(text)));
 }
+
+TEST_CASE("plan --steps: one plan per step, each with its own manifest, later steps warm-started") {
+  const std::string dir = TempDir();
+  const Config c = MultimodalConfig("nested");
+  REQUIRE(WriteFileAtomic(dir + "/mm.yaml", c.resolved_yaml.str()).ok());
+  // 16 micro-batches (dp 2 x 8), one sample each (two do not fit in 8192 tokens): step k's
+  // images all 224^2 (k odd, 64 visual tokens) or all 2048^2 (k even, 5329).
+  for (int k = 0; k < 3; ++k) {
+    std::string lines;
+    const int side = k % 2 ? 224 : 2048, text = k % 2 ? 6000 : 2000;
+    for (int i = 0; i < 16; ++i)
+      lines += fmt::format(R"({{"id": "s{}", "text_tokens": {}, "images": [[{}, {}]]}})", i, text,
+                           side, side) +
+               "\n";
+    REQUIRE(WriteFileAtomic(fmt::format("{}/m{}.jsonl", dir, k), lines).ok());
+  }
+  const std::string args = "plan " + dir + "/mm.yaml --steps 3 --manifests " + dir +
+                           "/m{step}.jsonl -o " + dir + "/plan{step}.pb";
+  const RunResult run = RunCli(args);
+  REQUIRE_MESSAGE(run.exit_code == 0, run.out);
+  CHECK(run.out.find("step 0 (manifest " + dir + "/m0.jsonl)") != std::string::npos);
+  CHECK(run.out.find("searched in") != std::string::npos);
+  CHECK(run.out.find("step 2 (manifest " + dir + "/m2.jsonl)") != std::string::npos);
+  CHECK(run.out.find("placed with step 0's choices") != std::string::npos);
+  // The library's steps, byte for byte; each plan's config names its own manifest, and the
+  // steps' images differ.
+  Config first = MultimodalConfig("nested", {"data.manifest=" + dir + "/m0.jsonl"});
+  auto r = Replanner::Start(first);
+  REQUIRE(r.ok());
+  std::vector<size_t> vision_ops;
+  for (int k = 0; k < 3; ++k) {
+    CAPTURE(k);
+    auto plan = LoadPlan(fmt::format("{}/plan{}.pb", dir, k));
+    REQUIRE(plan.ok());
+    CHECK(ValidatePlan(*plan).ok());
+    auto stored = ConfigOfPlan(*plan, "plan.pb");
+    REQUIRE(stored.ok());
+    CHECK(stored->data.manifest == fmt::format("{}/m{}.jsonl", dir, k));
+    auto mine = k == 0 ? StatusOr<Table>(r->first())
+                       : r->Plan(first.data.seed + k, fmt::format("{}/m{}.jsonl", dir, k));
+    REQUIRE(mine.ok());
+    CHECK(SerializePb(*plan) == SerializePb(*mine));
+    size_t n = 0;
+    for (OpId i = 0; i < plan->size(); ++i) n += plan->module(i) == Module::kVision;
+    vision_ops.push_back(n);
+  }
+  CHECK(vision_ops[0] != vision_ops[1]);  // 2048^2 images are split (dynamic CP), 224^2 not
+  CHECK(vision_ops[0] == vision_ops[2]);
+  // Errors: a pattern without {step}; a step's manifest that is not there.
+  CHECK(RunCli("plan " + dir + "/mm.yaml --steps 2 -o " + dir + "/one.pb")
+            .out.find("has no {step}") != std::string::npos);
+  const RunResult missing =
+      RunCli("plan " + dir + "/mm.yaml --steps 4 --manifests " + dir + "/m{step}.jsonl");
+  CHECK(missing.exit_code != 0);
+  CHECK(missing.out.find(dir + "/m3.jsonl") != std::string::npos);
+}
