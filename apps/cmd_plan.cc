@@ -78,8 +78,8 @@ int PlanSteps(const Options& o) {
                        {"searched", k == 0},
                        {"output", path}});
     } else {
-      fmt::print(out, "step {} ({}): {} ops, {} in {:.1f} ms{}\n", k, images, planned->size(),
-                 k == 0 ? "searched" : "placed with step 0's choices", ms,
+      fmt::print(out, "step {} ({}): {} ops, {}, measured {:.1f} ms{}\n", k, images,
+                 planned->size(), k == 0 ? "searched" : "placed with step 0's choices", ms,
                  path.empty() ? "" : ", wrote " + path);
       std::fflush(out);
     }
