@@ -10,7 +10,7 @@
 
 namespace pipeplan {
 
-void RunParallel(size_t n, const std::function<void(size_t)>& f, bool parallel) {
+void RunParallel(size_t n, const std::function<void(size_t)>& f, size_t most) {
   std::atomic<size_t> next{0};
   std::exception_ptr error;
   std::mutex mu;
@@ -24,7 +24,7 @@ void RunParallel(size_t n, const std::function<void(size_t)>& f, bool parallel) 
     }
   };
   const size_t want =
-      parallel ? std::min<size_t>(n, std::max(1u, std::thread::hardware_concurrency())) : 1;
+      std::min<size_t>(n, most > 0 ? most : std::max(1u, std::thread::hardware_concurrency()));
   std::vector<std::thread> threads;
   for (size_t j = 1; j < want; ++j) {
     try {

@@ -2,10 +2,10 @@
 
 #include <fmt/format.h>
 
-#include <atomic>
+#include <algorithm>
 #include <mutex>
-#include <thread>
 
+#include "core/parallel.h"
 #include "planner/plan.h"
 
 namespace pipeplan {
@@ -86,35 +86,20 @@ std::vector<SweepPoint> ExpandGrid(const std::vector<VaryAxis>& axes) {
   return points;
 }
 
-void ForEachParallel(size_t n, int jobs, const std::function<void(size_t)>& f) {
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i; (i = next++) < n;) f(i);
-  };
-  // At most one thread per item; a thread the machine refuses is simply not used.
-  std::vector<std::thread> threads;
-  for (size_t j = 1; j < std::min<size_t>(std::max(1, jobs), n); ++j) {
-    try {
-      threads.emplace_back(worker);
-    } catch (const std::system_error&) {
-      break;
-    }
-  }
-  worker();
-  for (auto& th : threads) th.join();
-}
-
 std::vector<SweepPoint> RunSweep(const std::string& path, const std::vector<std::string>& sets,
                                  const std::vector<VaryAxis>& axes, int jobs,
                                  const std::function<void(size_t, size_t)>& progress) {
   std::vector<SweepPoint> points = ExpandGrid(axes);
   size_t done = 0;
   std::mutex mu;
-  ForEachParallel(points.size(), jobs, [&](size_t i) {
-    RunPoint(path, sets, axes, &points[i]);
-    std::lock_guard<std::mutex> lock(mu);
-    if (progress) progress(++done, points.size());
-  });
+  RunParallel(
+      points.size(),
+      [&](size_t i) {
+        RunPoint(path, sets, axes, &points[i]);
+        std::lock_guard<std::mutex> lock(mu);
+        if (progress) progress(++done, points.size());
+      },
+      static_cast<size_t>(std::max(1, jobs)));
   MarkPareto(&points);
   return points;
 }

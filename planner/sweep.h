@@ -31,10 +31,6 @@ std::vector<SweepPoint> ExpandGrid(const std::vector<VaryAxis>& axes);
 inline constexpr size_t kMaxSweepPoints = 100000;
 StatusOr<size_t> GridSize(const std::vector<VaryAxis>& axes);
 
-// Runs f(i) for every i in [0, n) on up to `jobs` threads: the calling one and as many more
-// as the machine grants.
-void ForEachParallel(size_t n, int jobs, const std::function<void(size_t)>& f);
-
 // Runs every point with `jobs` threads; `progress(done, total)` is called after each point.
 std::vector<SweepPoint> RunSweep(const std::string& config_path,
                                  const std::vector<std::string>& sets,

@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "core/files.h"
+#include "core/parallel.h"
 #include "core/version.h"
 #include "planner/data.h"
 #include "planner/modality.h"
@@ -916,36 +917,42 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
   const size_t modality_axis = std::find(r.keys.begin(), r.keys.end(), kModality) - r.keys.begin();
   std::atomic<size_t> bounded{0};
   std::mutex progress_mu;
-  ForEachParallel(groups.size(), o.jobs, [&](size_t gi) {
-    if (o.bound_progress && ++bounded % 64 == 0) {
-      std::lock_guard<std::mutex> lock(progress_mu);
-      o.bound_progress(bounded, groups.size());
-    }
-    const size_t first = groups[gi];
-    size_t end = first + 1;
-    while (end < r.points.size() && same_shape(first, end)) ++end;
-    if (static_cast<int>(gi % o.shards) != o.shard) {
-      for (size_t i = first; i < end; ++i) r.points[i].state = TuneState::kOtherShard, valid[i] = 0;
-      return;
-    }
-    std::optional<Config> k;
-    size_t i = first;
-    for (; i < end && !k; ++i)
-      if (!(k = parse(r.points[i]))) valid[i] = 0;
-    if (!k) return;
-    ShapeWork shape{&modality, &alive};
-    for (size_t j = i - 1; j < end; ++j) {
-      PipelineKind kind = k->schedule.pipeline;
-      for (PipelineKind s : kSchedules)
-        if (schedule_axis < r.keys.size() && r.points[j].values[schedule_axis] == PipelineName(s))
-          kind = s;
-      ModalityPolicy policy = k->schedule.modality;
-      if (modality_axis < r.keys.size())
-        for (ModalityPolicy m : kModalityPolicies)
-          if (r.points[j].values[modality_axis] == ModalityName(m)) policy = m;
-      Bound(*k, kind, policy, &shape, &r.points[j]);
-    }
-  });
+  const size_t threads = static_cast<size_t>(std::max(1, o.jobs));
+  RunParallel(
+      groups.size(),
+      [&](size_t gi) {
+        if (o.bound_progress && ++bounded % 64 == 0) {
+          std::lock_guard<std::mutex> lock(progress_mu);
+          o.bound_progress(bounded, groups.size());
+        }
+        const size_t first = groups[gi];
+        size_t end = first + 1;
+        while (end < r.points.size() && same_shape(first, end)) ++end;
+        if (static_cast<int>(gi % o.shards) != o.shard) {
+          for (size_t i = first; i < end; ++i)
+            r.points[i].state = TuneState::kOtherShard, valid[i] = 0;
+          return;
+        }
+        std::optional<Config> k;
+        size_t i = first;
+        for (; i < end && !k; ++i)
+          if (!(k = parse(r.points[i]))) valid[i] = 0;
+        if (!k) return;
+        ShapeWork shape{&modality, &alive};
+        for (size_t j = i - 1; j < end; ++j) {
+          PipelineKind kind = k->schedule.pipeline;
+          for (PipelineKind s : kSchedules)
+            if (schedule_axis < r.keys.size() &&
+                r.points[j].values[schedule_axis] == PipelineName(s))
+              kind = s;
+          ModalityPolicy policy = k->schedule.modality;
+          if (modality_axis < r.keys.size())
+            for (ModalityPolicy m : kModalityPolicies)
+              if (r.points[j].values[modality_axis] == ModalityName(m)) policy = m;
+          Bound(*k, kind, policy, &shape, &r.points[j]);
+        }
+      },
+      threads);
   if (o.bound_progress) o.bound_progress(groups.size(), groups.size());
 
   r.bound_wall_s = elapsed() - bound_start;
@@ -1055,9 +1062,12 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
       }
     }
     const double wave_start = elapsed();
-    ForEachParallel(wave.size(), o.jobs, [&](size_t w) {
-      if (auto k = parse(r.points[wave[w]])) Simulate(*k, capacity, &r.points[wave[w]]);
-    });
+    RunParallel(
+        wave.size(),
+        [&](size_t w) {
+          if (auto k = parse(r.points[wave[w]])) Simulate(*k, capacity, &r.points[wave[w]]);
+        },
+        threads);
     if (!wave.empty()) wave_seconds += elapsed() - wave_start, ++waves;
     for (size_t i : wave) {
       add(i), ++simulated;

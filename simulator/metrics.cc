@@ -80,7 +80,7 @@ StatusOr<SimResult> RunSimulation(const Table& t, const SimOptions& o) {
         if (k == 1) base = o.cost.Durations(t);
         if (k == 2) links.emplace(t, o.cost);
       },
-      parallel);
+      parallel ? 0 : 1);
   ASSIGN_OR_RETURN(const EngineIndex index, std::move(indexed));
   r.durations = base;
   ASSIGN_OR_RETURN(r.timeline, Simulate(t, r.durations, index));
@@ -120,7 +120,7 @@ StatusOr<SimResult> RunSimulation(const Table& t, const SimOptions& o) {
         r.metrics =
             ComputeMetrics(t, index, r.timeline, r.durations, r.memory, o.cost, o.memory.hbm_bytes);
       },
-      parallel);
+      parallel ? 0 : 1);
   RETURN_IF_ERROR(exposed);
   if (o.exposure) {
     std::tie(r.metrics.vision_exposed_s, r.metrics.vision_hidden_fraction) = vision;
