@@ -224,7 +224,7 @@ TEST_CASE("trace numbers: six significant digits as printf's %.6g and fmt's {:.6
   }
 }
 
-TEST_CASE("Chrome trace streams in pieces; the sink's first error stops it") {
+TEST_CASE("Chrome trace streams in pieces, and the sink's first error stops it") {
   // Enough ops for several pieces of about 1 MiB (a few hundred bytes per op).
   Config c = SmallConfig(PipelineKind::k1F1B, 4, 1, 64, 16);
   Table t = Plan(c);
