@@ -223,31 +223,3 @@ TEST_CASE("trace numbers: six significant digits as printf's %.6g and fmt's {:.6
     check(std::ldexp(static_cast<double>(rng() >> 11), -40 + static_cast<int>(rng() % 120)));
   }
 }
-
-TEST_CASE("Chrome trace streams in pieces, and the sink's first error stops it") {
-  // Enough ops for several pieces of about 1 MiB (a few hundred bytes per op).
-  Config c = SmallConfig(PipelineKind::k1F1B, 4, 1, 64, 16);
-  Table t = Plan(c);
-  auto r = RunSimulation(t, SimOptionsFor(c, true));
-  REQUIRE(r.ok());
-  const std::string whole = ChromeTrace(t, r->timeline, {}, {});
-  REQUIRE(whole.size() > 3 * (size_t{1} << 20));
-  std::vector<size_t> sizes;
-  std::string joined;
-  const std::function<Status(std::string_view)> keep = [&](std::string_view piece) {
-    sizes.push_back(piece.size());
-    joined.append(piece);
-    return Status::Ok();
-  };
-  REQUIRE(StreamChromeTrace(t, r->timeline, {}, {}, keep).ok());
-  CHECK(joined == whole);
-  CHECK(sizes.size() >= 3);
-  int calls = 0;
-  const std::function<Status(std::string_view)> full = [&](std::string_view) {
-    return ++calls == 2 ? InvalidInput("disk full") : Status::Ok();
-  };
-  const Status s = StreamChromeTrace(t, r->timeline, {}, {}, full);
-  CHECK(!s.ok());
-  CHECK(s.message() == "disk full");
-  CHECK(calls == 2);  // nothing handed over after the error
-}
