@@ -22,7 +22,8 @@ ctest --test-dir build-asan --output-on-failure -j "$(nproc)" \
   -E 'srun_multiprocess_check|readme_examples|k3-scale|report of a large plan'
 
 # Threads: the in-process transport, the runner's abort on a failed rank, the emulated NCCL
-# backend's processes-as-threads (RunLocal and friends), and the CLI's --local-ranks.
+# backend's processes-as-threads (RunLocal and friends), the CLI's --local-ranks, and the
+# planner's, simulator's and trace writer's threads (tests/test_threads.cc).
 tflags="-fsanitize=thread -fno-omit-frame-pointer"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPIPEPLAN_WITH_CUDA=OFF \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$opt" -DCMAKE_CXX_FLAGS="$tflags" -DCMAKE_EXE_LINKER_FLAGS="$tflags" >/dev/null
