@@ -99,11 +99,12 @@ StatusOr<SimResult> RunSimulation(const Table& t, const SimOptions& o) {
     Timeline scratch;  // buffers of the passes without a module
     ASSIGN_OR_RETURN(vision, Exposure(t, index, r.durations, step, Module::kVision, &scratch));
     ASSIGN_OR_RETURN(gen, Exposure(t, index, r.durations, step, Module::kGenerator, &scratch));
-    std::vector<double> instant = r.durations;
     bool copies = false;
-    for (OpId i = 0; i < t.size(); ++i)
-      if (IsCopy(t.kind(i))) copies = copies || instant[i] > 0, instant[i] = 0;
+    for (OpId i = 0; i < t.size() && !copies; ++i) copies = IsCopy(t.kind(i)) && r.durations[i] > 0;
     if (copies) {  // the same step with instant copies
+      std::vector<double> instant = r.durations;
+      for (OpId i = 0; i < t.size(); ++i)
+        if (IsCopy(t.kind(i))) instant[i] = 0;
       ASSIGN_OR_RETURN(scratch, Simulate(t, instant, index, std::move(scratch)));
       copy_exposed = std::max(0.0, step - scratch.Makespan());
     }
