@@ -239,6 +239,10 @@ Command MakeTuneCommand() {
         r->resumed, r->count(TuneState::kPrunedMemory), r->count(TuneState::kPrunedTime),
         r->count(TuneState::kOverBudget), r->count(TuneState::kFailed), r->bound_wall_s,
         r->simulate_wall_s);
+    if (const PlanShare::Reused& s = r->shared; s.timelines + s.sizings + s.choices > 0)
+      fmt::print(
+          "shared between plans: {} text-only timelines, {} sizings of the images, {} placements\n",
+          s.timelines, s.sizings, s.choices);
     if (r->time_bound_misses + r->memory_bound_misses > 0)
       fmt::print(
           "warning: {} time and {} memory bounds above their simulated values: pruning may have "

@@ -18,6 +18,7 @@ struct ClusterConfig {
   int nodes = 1;
   int gpus_per_node = 8;
   GpuSpec spec;  // catalog entry with cluster.hardware overrides applied
+  bool operator==(const ClusterConfig&) const = default;
 };
 
 struct MoeConfig {
@@ -26,6 +27,7 @@ struct MoeConfig {
   int expert_ffn = 0;      // FFN hidden size of one expert
   int shared_experts = 0;  // shared experts, each of size expert_ffn
   int dense_layers = 0;    // leading layers that stay dense (e.g. DeepSeek/Qwen-style first layers)
+  bool operator==(const MoeConfig&) const = default;
 };
 
 struct LlmConfig {
@@ -36,6 +38,7 @@ struct LlmConfig {
   // untied). Modelled where one stage holds both (pp 1): their parameters counted once.
   bool tie_embeddings = false;
   MoeConfig moe;
+  bool operator==(const LlmConfig&) const = default;
 };
 
 enum class Recompute { kNone, kSelective, kFull };
@@ -103,6 +106,7 @@ struct VisionConfig {
   bool cp = true;
   int cp_threshold_patches = 16384;
   int cp_max_group = 8;
+  bool operator==(const VisionConfig&) const = default;
 };
 
 struct GeneratorConfig {
@@ -113,6 +117,7 @@ struct GeneratorConfig {
   Recompute recompute = Recompute::kSelective;
   ActStorage saved_activations = ActStorage::kBf16;
   ActPlace offload = ActPlace::kDevice;
+  bool operator==(const GeneratorConfig&) const = default;
 };
 
 // Attention kernels of the LLM. flash: fused (FlashAttention), causal blocks skipped, nothing
@@ -127,6 +132,7 @@ struct ModelConfig {
   LlmConfig llm;
   VisionConfig vision;
   GeneratorConfig generator;
+  bool operator==(const ModelConfig&) const = default;
 };
 
 // One virtual pipeline stage (global index chunk*pp + pp rank): its LLM layers and whether
@@ -134,6 +140,7 @@ struct ModelConfig {
 struct StageSpan {
   int layer_begin = 0, layer_end = 0;
   bool embedding = false, loss = false;
+  bool operator==(const StageSpan&) const = default;
 };
 
 struct ParallelConfig {
@@ -146,6 +153,7 @@ struct ParallelConfig {
   int first_stage_layers = 0, last_stage_layers = 0;
   int layers_per_virtual_stage = 0;  // Megatron's alternative to vp; 0: vp as given
   std::vector<StageSpan> stages;     // derived: pp*vp entries in global stage order
+  bool operator==(const ParallelConfig&) const = default;
 };
 
 // Parses Megatron's pipeline_model_parallel_layout: stages separated by '|', in global
@@ -257,12 +265,14 @@ struct TrainingConfig {
   // 1/tp of the activation and the receivers all-gather it over NVLink.
   bool scatter_gather_p2p = true;
   double comm_reserve_gb = 0;  // reserved for communication buffers and allocator slack, GiB
+  bool operator==(const TrainingConfig&) const = default;
 };
 
 struct ImageClass {
   int height = 0, width = 0;  // pixels
   double weight = 1;          // relative frequency
   int frames = 1;             // > 1: a video clip of that many frames
+  bool operator==(const ImageClass&) const = default;
 };
 
 // Order of each replica's micro-batches in the step: as drawn (or read), or by encoder
@@ -281,6 +291,7 @@ struct DataConfig {
   std::vector<ImageClass> images;  // image-size distribution
   std::string manifest;            // JSON Lines file of real samples (overrides images)
   int generate_height = 0, generate_width = 0;  // generation target per sample, pixels
+  bool operator==(const DataConfig&) const = default;
 };
 
 enum class PipelineKind {
@@ -313,6 +324,7 @@ struct ScheduleConfig {
   // F and its W; 0 = pp for zb-h1, 2 pp for zb-h2 and zbv.
   int zb_max_pending = 0;
   std::string csv;  // schedule.pipeline: csv: the PyTorch pipeline-order CSV to read
+  bool operator==(const ScheduleConfig&) const = default;
 };
 
 struct Config {

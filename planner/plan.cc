@@ -3,9 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <list>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <tuple>
@@ -330,6 +334,110 @@ std::vector<double> VisionTasksKey(const ModalityWork& w) {
   return key;
 }
 
+// Sizings of the images that do not depend on the policy (AddModality): dynamic CP's (0)
+// and the four others the search tries (1 to 4).
+constexpr int kSharedSizings = 5;
+
+// The fields plans read: all but the file name and the stored YAML.
+bool SameInputs(const Config& a, const Config& b) {
+  return a.cluster == b.cluster && a.model == b.model && a.parallel == b.parallel &&
+         a.training == b.training && a.data == b.data && a.schedule == b.schedule;
+}
+
+}  // namespace
+
+struct PlanShare::Impl {
+  // The parts the list-scheduled policies share for one config (key: its policy nested).
+  struct Parts {
+    Config key;
+    std::mutex mu;
+    std::shared_ptr<const TextTimeline> text;
+    std::array<std::shared_ptr<const ModalityWork>, kSharedSizings> sized;
+  };
+  struct Kept {
+    Config key;  // with its policy
+    ModalityChoice choice;
+  };
+  size_t parts_kept = 0, choices_kept = 0;
+  std::mutex mu;
+  std::list<std::shared_ptr<Parts>> parts;  // most recently used first
+  std::list<Kept> choices;                  // most recently used first
+  std::atomic<size_t> timelines{0}, sizings{0}, kept{0};
+
+  // Null when no parts are kept.
+  std::shared_ptr<Parts> PartsOf(const Config& c) {
+    if (parts_kept == 0) return nullptr;
+    Config key = c;
+    key.schedule.modality = ModalityPolicy::kNested;
+    key.source.clear(), key.resolved_yaml = YamlText();
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto it = parts.begin(); it != parts.end(); ++it)
+      if (SameInputs((*it)->key, key)) {
+        parts.splice(parts.begin(), parts, it);
+        return parts.front();
+      }
+    parts.push_front(std::make_shared<Parts>());
+    parts.front()->key = std::move(key);
+    if (parts.size() > parts_kept) parts.pop_back();
+    return parts.front();
+  }
+  std::optional<ModalityChoice> ChoiceOf(const Config& c) {
+    if (choices_kept == 0) return std::nullopt;
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto it = choices.begin(); it != choices.end(); ++it)
+      if (SameInputs(it->key, c)) {
+        choices.splice(choices.begin(), choices, it);
+        ++kept;
+        return it->choice;
+      }
+    return std::nullopt;
+  }
+  void Keep(const Config& c, const ModalityChoice& choice) {
+    if (choices_kept == 0) return;
+    std::lock_guard<std::mutex> lock(mu);
+    for (const Kept& k : choices)
+      if (SameInputs(k.key, c)) return;  // another thread's search of the same config
+    choices.push_front({c, choice});
+    choices.front().key.source.clear(), choices.front().key.resolved_yaml = YamlText();
+    if (choices.size() > choices_kept) choices.pop_back();
+  }
+};
+
+PlanShare::PlanShare(size_t parts, size_t choices) : impl_(std::make_unique<Impl>()) {
+  impl_->parts_kept = parts, impl_->choices_kept = choices;
+}
+PlanShare::~PlanShare() = default;
+PlanShare::Reused PlanShare::reused() const {
+  return {impl_->timelines.load(), impl_->sizings.load(), impl_->kept.load()};
+}
+
+namespace {
+
+// The part `slot` of `parts` (null: nothing shared), made by `make` (which returns a
+// StatusOr<T>) where no plan has made it yet; `count` counts the reuses.
+template <typename T, typename Make>
+StatusOr<T> SharedPart(PlanShare::Impl::Parts* parts, std::shared_ptr<const T>* slot,
+                       std::atomic<size_t>* count, Make make) {
+  if (!parts) return make();
+  {
+    std::lock_guard<std::mutex> lock(parts->mu);
+    if (*slot) return ++*count, **slot;
+  }
+  ASSIGN_OR_RETURN(T made, make());
+  std::lock_guard<std::mutex> lock(parts->mu);
+  if (!*slot) *slot = std::make_shared<const T>(made);
+  return made;
+}
+
+// What a plan's placement is given and reports besides its config, all optional.
+struct PlanHooks {
+  const ModalityChoice* hint = nullptr;  // the sizing and rule set to place the images with
+  ModalityChoice* chosen = nullptr;      // receives those the search kept (or the hint)
+  bool* nested_close = nullptr;          // see AddModality
+  TextTimeline* text_cache = nullptr;    // the text-only timeline of earlier steps, or empty
+  PlanShare::Impl* share = nullptr;
+};
+
 // The list scheduler's predictions of two placements can be misordered by this much (over
 // the multimodal seed configs under five schedules at 8 to 64 micro-batches, the largest
 // reversal seen was 0.2 %, between predictions 0.01 % apart).
@@ -337,17 +445,19 @@ constexpr double kListMargin = 0.01;
 
 // `outputs`: per work id, the bytes of its forward's output that stay on the device for
 // their consumer (the encoder's output; not saved activations), where not zero.
-// `hint`: the sizing and rule set to place the images with, no search; `chosen` receives
-// those the search kept (or the hint). `text_cache`: the text-only timeline of earlier
-// steps (see below), or empty.
-// `nested_close` (bubble-fill): set when nested's own placement is predicted within
-// kListMargin of the one kept, or faster (its rules without bubble-fill's room).
+// `h.hint`: the sizing and rule set to place the images with, no search; `h.chosen`
+// receives those the search kept (or the hint). `h.text_cache`: the text-only timeline of
+// earlier steps (see below), or empty. `h.nested_close` (bubble-fill): set when nested's
+// own placement is predicted within kListMargin of the one kept, or faster (its rules
+// without bubble-fill's room). `h.share`: the text-only timeline and the sizings of other
+// list-scheduled policies' plans of the config.
 Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch& batch,
                    const std::vector<StageOrder>& orders, const TextWorkload& tw,
                    const TextWorkIds& text_work, const std::vector<RankInfo>& ranks,
                    TableBuilder* b, std::vector<RankSeq>* seqs,
-                   std::unordered_map<WorkId, double>* outputs, bool* nested_close,
-                   const ModalityChoice* hint, ModalityChoice* chosen, TextTimeline* text_cache) {
+                   std::unordered_map<WorkId, double>* outputs, const PlanHooks& h) {
+  const ModalityChoice* hint = h.hint;
+  TextTimeline* text_cache = h.text_cache;
   const ModalityPolicy policy = c.schedule.modality;
   const bool decoupled = policy == ModalityPolicy::kDecoupled;
   // Nested, bubble-fill and optimus are placed by the list scheduler; the generator is
@@ -368,9 +478,21 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
   const bool cacheable = listed && text_cache && !c.model.generator.enabled;
   const bool cached = cacheable && !text_cache->due.empty();
   const bool sized_only = cached && hint && hint->sizing > 0;
-  ModalityWork w =
-      sized_only ? ModalityWork{}
-                 : BuildModalityWork(c, batch, pool, decoupled && c.schedule.decoupled_recompute);
+  // The list-scheduled policies place the same images against the same text.
+  const std::shared_ptr<PlanShare::Impl::Parts> parts =
+      listed && h.share ? h.share->PartsOf(c) : nullptr;
+  // The images in the search's sizing `sizing` (below), `make` where no plan made it yet.
+  auto shared_work = [&](int sizing, auto make) {
+    return SharedPart<ModalityWork>(parts.get(), parts ? &parts->sized[sizing] : nullptr,
+                                    h.share ? &h.share->sizings : nullptr, make);
+  };
+  ModalityWork w;
+  if (!sized_only) {
+    ASSIGN_OR_RETURN(w, shared_work(0, [&]() -> StatusOr<ModalityWork> {
+                       return BuildModalityWork(c, batch, pool,
+                                                decoupled && c.schedule.decoupled_recompute);
+                     }));
+  }
   const bool sharded = listed && !w.generator.empty() && shape.pp > 1;
   std::vector<VisionPlacement> vision;
   std::vector<std::vector<GeneratorPlacement>> shards;
@@ -398,7 +520,9 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         if (cached) {
           tl = *text_cache;
         } else {
-          ASSIGN_OR_RETURN(tl, ScheduleText(in));
+          ASSIGN_OR_RETURN(tl, SharedPart<TextTimeline>(parts.get(), parts ? &parts->text : nullptr,
+                                                        h.share ? &h.share->timelines : nullptr,
+                                                        [&] { return ScheduleText(in); }));
         }
         auto room_for = [&](const ListInput& x) {
           return policy == ModalityPolicy::kBubbleFill
@@ -433,10 +557,12 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         }
         const int timed_sizing = static_cast<int>(sizings.size()) + 1;
         auto sized_work = [&](int sizing) {
-          const auto& [cp_max_group, sized_pool] = sizings[sizing - 1];
-          Config sized = c;
-          sized.model.vision.cp_max_group = cp_max_group;
-          return BuildModalityWork(sized, batch, sized_pool, false);
+          return shared_work(sizing, [&]() -> StatusOr<ModalityWork> {
+            const auto& [cp_max_group, sized_pool] = sizings[sizing - 1];
+            Config sized = c;
+            sized.model.vision.cp_max_group = cp_max_group;
+            return BuildModalityWork(sized, batch, sized_pool, false);
+          });
         };
         auto timed_work = [&] {  // the images on the stages idle when they are due
           tl.Index(PieceQuantum(in));
@@ -450,15 +576,17 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         if (hint) {  // the sizing and rule set given: no search
           if (hint->sizing < 0 || hint->sizing > timed_sizing)
             return Internal("a modality choice of another plan");
-          if (hint->sizing > 0) {
-            w = hint->sizing == timed_sizing ? timed_work() : sized_work(hint->sizing);
-            in = input_of(w);
+          if (hint->sizing == timed_sizing) {
+            w = timed_work();
+          } else if (hint->sizing > 0) {
+            ASSIGN_OR_RETURN(w, sized_work(hint->sizing));
           }
+          if (hint->sizing > 0) in = input_of(w);
           const std::vector<ListRules> all = Alternatives(c, policy, in, room_for(in));
           if (hint->rules < 0 || hint->rules >= static_cast<int>(all.size()))
             return Internal("a modality choice of another plan");
           ASSIGN_OR_RETURN(placed, ScheduleModality(in, w, {all[hint->rules]}, tl));
-          if (chosen) *chosen = *hint;
+          if (h.chosen) *h.chosen = *hint;
         } else {
           const std::vector<double> room = room_for(in);
           ASSIGN_OR_RETURN(placed,
@@ -478,7 +606,7 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
           }
           std::vector<std::vector<double>> seen{VisionTasksKey(w)};
           for (int sizing = 1; sizing < timed_sizing; ++sizing) {
-            ModalityWork other = sized_work(sizing);
+            ASSIGN_OR_RETURN(ModalityWork other, sized_work(sizing));
             std::vector<double> key = VisionTasksKey(other);
             if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
             seen.push_back(std::move(key));
@@ -527,12 +655,12 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
               nested_kept = false, sizing_kept = timed_sizing;
             }
           }
-          if (chosen) *chosen = {policy, sizing_kept, placed.alternative};
+          if (h.chosen) *h.chosen = {policy, sizing_kept, placed.alternative};
         }
         if (cacheable && !cached) *text_cache = tl;
-        if (nested_close)
-          *nested_close = !hint && policy == ModalityPolicy::kBubbleFill && !nested_kept &&
-                          nested_s < placed.makespan_s * (1 + kListMargin);
+        if (h.nested_close)
+          *h.nested_close = !hint && policy == ModalityPolicy::kBubbleFill && !nested_kept &&
+                            nested_s < placed.makespan_s * (1 + kListMargin);
         // The scheduler's working state (freed, partly in its threads' heaps) goes back
         // before the table is built; for large plans (text compute, SEND and RECV: about
         // three ops per text step).
@@ -671,9 +799,7 @@ StatusOr<Config> ConfigOfPlan(const Table& plan, const std::string& plan_path,
 namespace {
 
 // `nested_close`, `hint`, `chosen`, `text_cache`: see AddModality.
-StatusOr<Table> PlanOnce(const Config& c, bool* nested_close = nullptr,
-                         const ModalityChoice* hint = nullptr, ModalityChoice* chosen = nullptr,
-                         TextTimeline* text_cache = nullptr);
+StatusOr<Table> PlanOnce(const Config& c, const PlanHooks& h = {});
 
 struct OpKeyHash {
   size_t operator()(const OpKey& k) const {
@@ -713,8 +839,7 @@ StatusOr<Predicted> PredictWithoutOffload(const Config& c) {
   return p;
 }
 
-StatusOr<Table> PlanOnce(const Config& c, bool* nested_close, const ModalityChoice* hint,
-                         ModalityChoice* chosen, TextTimeline* text_cache) {
+StatusOr<Table> PlanOnce(const Config& c, const PlanHooks& h) {
   const ParallelConfig& p = c.parallel;
   PipelineShape shape{p.pp, p.vp, p.dp, c.training.microbatches, PlacementOf(c.schedule.pipeline)};
   const PipelineKind pipeline = c.schedule.pipeline;
@@ -894,8 +1019,8 @@ StatusOr<Table> PlanOnce(const Config& c, bool* nested_close, const ModalityChoi
   std::unordered_map<WorkId, double> outputs;  // encoder outputs kept on the device
   if (!Multimodal(c)) seqs = ExpandStages(orders, shape, text_work);
   if (Multimodal(c)) {
-    RETURN_IF_ERROR(AddModality(c, shape, batch, orders, tw, text_work, ranks, &b, &seqs, &outputs,
-                                nested_close, hint, chosen, text_cache));
+    RETURN_IF_ERROR(
+        AddModality(c, shape, batch, orders, tw, text_work, ranks, &b, &seqs, &outputs, h));
     // FSDP: full gradients reduce-scattered over the job, full bf16 parameters gathered
     // before the step's first use. Replicated: the copy's gradients all-reduced over its
     // holders (reduce-scattered with ZeRO >= 1, the updated shards gathered after the
@@ -1243,37 +1368,62 @@ StatusOr<bool> Better(const Config& c, const Table& a, const Table& b) {
   return key(y.metrics) < key(x.metrics);
 }
 
+// c's plan with its images placed by `choice` (what a search of c chose), under the
+// choice's policy (bubble-fill may keep nested's placement), named as c's.
+StatusOr<Table> PlanChosen(const Config& c, const ModalityChoice& choice, TextTimeline* text_cache,
+                           PlanShare::Impl* share) {
+  Config k = c;
+  k.schedule.modality = choice.policy;
+  ASSIGN_OR_RETURN(Table t,
+                   PlanOnce(k, {.hint = &choice, .text_cache = text_cache, .share = share}));
+  t.mutable_meta().modality = std::string(ModalityName(c.schedule.modality));
+  return t;
+}
+
 // One plan of c's policy, for c's micro-batch order. `chosen`: what placed its images;
-// `text_cache`: see AddModality.
-StatusOr<Table> PlanOrdered(const Config& c, ModalityChoice* chosen = nullptr,
-                            TextTimeline* text_cache = nullptr) {
+// `text_cache`: see AddModality. With `share`, a config searched before is placed with what
+// its search chose, and what this search chooses is kept there.
+StatusOr<Table> PlanOrdered(const Config& c, PlanShare::Impl* share,
+                            ModalityChoice* chosen = nullptr, TextTimeline* text_cache = nullptr) {
+  if (std::optional<ModalityChoice> kept = share ? share->ChoiceOf(c) : std::nullopt) {
+    if (chosen) *chosen = *kept;
+    return PlanChosen(c, *kept, text_cache, share);
+  }
+  auto done = [&](Table t, const ModalityChoice& kept) {
+    if (share && kept.sizing >= 0) share->Keep(c, kept);
+    if (chosen) *chosen = kept;
+    return t;
+  };
   bool close = false;
-  ASSIGN_OR_RETURN(Table own, PlanOnce(c, &close, nullptr, chosen, text_cache));
-  if (!close) return own;
+  ModalityChoice own_choice;
+  ASSIGN_OR_RETURN(Table own, PlanOnce(c, {.chosen = &own_choice,
+                                           .nested_close = &close,
+                                           .text_cache = text_cache,
+                                           .share = share}));
+  if (!close) return done(std::move(own), own_choice);
   Config n = c;
   n.schedule.modality = ModalityPolicy::kNested;
   ModalityChoice nested_choice;
-  ASSIGN_OR_RETURN(Table nested, PlanOnce(n, nullptr, nullptr, &nested_choice));
+  ASSIGN_OR_RETURN(Table nested, PlanOrdered(n, share, &nested_choice));
   ASSIGN_OR_RETURN(const bool better, Better(c, own, nested));
-  if (!better) return own;
-  if (chosen) *chosen = nested_choice;
+  if (!better) return done(std::move(own), own_choice);
   nested.mutable_meta().modality = own.meta().modality;
   nested.mutable_meta().config_yaml = own.meta().config_yaml;
-  return nested;
+  return done(std::move(nested), nested_choice);
 }
 
 // c's plan; under `data.microbatch_order: auto` both orders are planned and simulated and
 // the faster kept (one that fits before one that does not; the data's order on a tie), its
 // config naming the order it kept. Text-only plans keep the data's order: without images
 // the order changes nothing.
-StatusOr<Table> PlanPolicy(const Config& c) {
-  if (c.data.order != MicrobatchOrder::kAuto) return PlanOrdered(c);
+StatusOr<Table> PlanPolicy(const Config& c, PlanShare::Impl* share) {
+  if (c.data.order != MicrobatchOrder::kAuto) return PlanOrdered(c, share);
   Config drawn = c, light = c;
   drawn.data.order = MicrobatchOrder::kDrawn, light.data.order = MicrobatchOrder::kLightEnds;
-  ASSIGN_OR_RETURN(Table kept, PlanOrdered(drawn));
+  ASSIGN_OR_RETURN(Table kept, PlanOrdered(drawn, share));
   std::string_view name = "drawn";
   if (Multimodal(c)) {
-    ASSIGN_OR_RETURN(Table other, PlanOrdered(light));
+    ASSIGN_OR_RETURN(Table other, PlanOrdered(light, share));
     ASSIGN_OR_RETURN(const bool better, Better(c, kept, other));
     if (better) kept = std::move(other), name = "light_ends";
   }
@@ -1289,9 +1439,10 @@ struct Trial {
   std::vector<RankMemory> memory;
 };
 
-StatusOr<Trial> TryLevels(const Config& c, const MemoryLevels& m, int* plans) {
+StatusOr<Trial> TryLevels(const Config& c, const MemoryLevels& m, int* plans,
+                          PlanShare::Impl* share) {
   ASSIGN_OR_RETURN(Config k, WithLevels(c, m));
-  ASSIGN_OR_RETURN(Table t, PlanPolicy(k));
+  ASSIGN_OR_RETURN(Table t, PlanPolicy(k, share));
   SimOptions o = SimOptionsFor(k);
   o.exposure = false;
   ASSIGN_OR_RETURN(SimResult r, RunSimulation(t, o));
@@ -1301,7 +1452,8 @@ StatusOr<Trial> TryLevels(const Config& c, const MemoryLevels& m, int* plans) {
 
 // One greedy search over the ladders of c's policies, from `start` (the configured modes'
 // trial).
-StatusOr<Trial> SearchLadders(const Config& c, const Trial& start, MemoryChoice* mc) {
+StatusOr<Trial> SearchLadders(const Config& c, const Trial& start, MemoryChoice* mc,
+                              PlanShare::Impl* share) {
   MemoryLevels m = LevelsOf(c);
   const int items = static_cast<int>(m.at.size());
   Trial cur = start;
@@ -1325,7 +1477,7 @@ StatusOr<Trial> SearchLadders(const Config& c, const Trial& start, MemoryChoice*
       if (best >= 0) raised[best] = true, ++m.at[best];
     }
     if (std::find(raised.begin(), raised.end(), true) == raised.end()) break;  // nothing left
-    ASSIGN_OR_RETURN(cur, TryLevels(c, m, &mc->plans));
+    ASSIGN_OR_RETURN(cur, TryLevels(c, m, &mc->plans, share));
   }
   // Lower: each raised module one step down where the plan still fits and is no slower,
   // over all modules again until none moves (a step down frees room for another).
@@ -1338,7 +1490,7 @@ StatusOr<Trial> SearchLadders(const Config& c, const Trial& start, MemoryChoice*
       }
       MemoryLevels lower = m;
       --lower.at[item];
-      ASSIGN_OR_RETURN(Trial t, TryLevels(c, lower, &mc->plans));
+      ASSIGN_OR_RETURN(Trial t, TryLevels(c, lower, &mc->plans, share));
       if (t.metrics.oom || t.metrics.step_time_s > cur.metrics.step_time_s) {
         ++item;
       } else {  // kept; the same module may go lower again
@@ -1365,9 +1517,9 @@ StatusOr<Trial> SearchLadders(const Config& c, const Trial& start, MemoryChoice*
 // modules), so with more than one allowed it runs once per non-empty subset of the allowed
 // policies (all of them first) and keeps the fastest plan that fits (or, if none fits, the
 // one with the lowest peak).
-StatusOr<Table> PlanAutoMemory(const Config& c, MemoryChoice* choice) {
+StatusOr<Table> PlanAutoMemory(const Config& c, MemoryChoice* choice, PlanShare::Impl* share) {
   MemoryChoice best;
-  ASSIGN_OR_RETURN(const Trial start, TryLevels(c, LevelsOf(c), &best.plans));
+  ASSIGN_OR_RETURN(const Trial start, TryLevels(c, LevelsOf(c), &best.plans, share));
   best.start_step_s = start.metrics.step_time_s;
   best.start_peak_bytes = start.metrics.peak_memory_bytes;
   const TrainingConfig& tc = c.training;
@@ -1387,7 +1539,7 @@ StatusOr<Table> PlanAutoMemory(const Config& c, MemoryChoice* choice) {
     k.training.memory_offload = offload;
     MemoryChoice mc = best;
     mc.plans = 0;
-    ASSIGN_OR_RETURN(Trial t, SearchLadders(k, start, &mc));
+    ASSIGN_OR_RETURN(Trial t, SearchLadders(k, start, &mc, share));
     plans += mc.plans;
     const bool better = !kept || (mc.fits && !best.fits) ||
                         (mc.fits == best.fits &&
@@ -1401,10 +1553,12 @@ StatusOr<Table> PlanAutoMemory(const Config& c, MemoryChoice* choice) {
 
 }  // namespace
 
-StatusOr<Table> BuildPlan(const Config& c, MemoryChoice* choice) {
-  if (!c.training.memory_auto) return PlanPolicy(c);
+StatusOr<Table> BuildPlan(const Config& c, MemoryChoice* choice, PlanShare* shared) {
+  PlanShare own_share(0);  // the choices: the memory search plans some configs again
+  PlanShare::Impl* share = &(shared ? *shared : own_share).impl();
+  if (!c.training.memory_auto) return PlanPolicy(c, share);
   MemoryChoice own;
-  ASSIGN_OR_RETURN(Table t, PlanAutoMemory(c, &own));
+  ASSIGN_OR_RETURN(Table t, PlanAutoMemory(c, &own, share));
   // Bubble-fill may use every placement nested may, under any modes: nested's own search
   // (its greedy path can differ) is run too and its plan kept, as bubble-fill's, where it
   // fits when bubble-fill's does not or is faster. Its start is bubble-fill's.
@@ -1412,7 +1566,7 @@ StatusOr<Table> BuildPlan(const Config& c, MemoryChoice* choice) {
     Config n = c;
     n.schedule.modality = ModalityPolicy::kNested;
     MemoryChoice nested;
-    ASSIGN_OR_RETURN(Table nt, PlanAutoMemory(n, &nested));
+    ASSIGN_OR_RETURN(Table nt, PlanAutoMemory(n, &nested, share));
     const int plans = own.plans + nested.plans;
     const bool better = nested.fits != own.fits ? nested.fits
                         : nested.fits           ? nested.step_s < own.step_s
@@ -1435,12 +1589,13 @@ StatusOr<Replanner> Replanner::Start(const Config& c) {
   Replanner r;
   r.config_ = c;
   r.text_ = std::make_shared<TextTimeline>();
+  PlanShare share(0);
   if (c.training.memory_auto || c.data.order == MicrobatchOrder::kAuto) {
     // The searched modes and order, as the plan's config stores them.
-    ASSIGN_OR_RETURN(const Table searched, BuildPlan(c));
+    ASSIGN_OR_RETURN(const Table searched, BuildPlan(c, nullptr, &share));
     ASSIGN_OR_RETURN(r.config_, ConfigOfPlan(searched, c.source));
   }
-  ASSIGN_OR_RETURN(r.first_, PlanOrdered(r.config_, &r.choice_, r.text_.get()));
+  ASSIGN_OR_RETURN(r.first_, PlanOrdered(r.config_, &share.impl(), &r.choice_, r.text_.get()));
   return r;
 }
 
@@ -1453,15 +1608,9 @@ StatusOr<Table> Replanner::Plan(uint64_t seed, const std::string& manifest) {
     RETURN_IF_ERROR(doc.ApplySet(fmt::format("data.manifest={}", manifest)));
     k.data.manifest = manifest;
   }
-  if (choice_.sizing < 0) {  // nothing searched for the images
-    k.resolved_yaml = YamlText(doc);
-    return PlanOnce(k);
-  }
-  k.schedule.modality = choice_.policy;
-  ASSIGN_OR_RETURN(Table t, PlanOnce(k, nullptr, &choice_, nullptr, text_.get()));
-  t.mutable_meta().modality = std::string(ModalityName(config_.schedule.modality));
-  t.mutable_meta().config_yaml = YamlText(doc).str();
-  return t;
+  k.resolved_yaml = YamlText(doc);
+  if (choice_.sizing < 0) return PlanOnce(k);  // nothing searched for the images
+  return PlanChosen(k, choice_, text_.get(), nullptr);
 }
 
 std::string MemoryModeName(MemoryMode m) {

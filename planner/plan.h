@@ -60,7 +60,13 @@ nlohmann::json MemoryChoiceJson(const MemoryChoice& m);
 // `memory: manual`) in its config, so a re-plan of that config reproduces it. Under
 // bubble-fill the search also runs with nested's placement and keeps the better plan (it
 // fits, or is faster), as bubble-fill's. `choice`, when given, receives the outcome.
-StatusOr<Table> BuildPlan(const Config& config, MemoryChoice* choice = nullptr);
+//
+// `share`: what plans of other configs built with the same share computed and this one
+// can reuse (PlanShare). Without one, BuildPlan keeps the choices of the plans it builds
+// (not their parts, which would raise its peak memory).
+class PlanShare;
+StatusOr<Table> BuildPlan(const Config& config, MemoryChoice* choice = nullptr,
+                          PlanShare* share = nullptr);
 // `config` as its plan was built under memory: auto: with the gradients the search chose
 // (they set static memory, which the simulator takes from the config; the activation
 // modes are in the table).
@@ -78,6 +84,38 @@ struct ModalityChoice {
   int sizing = -1;
   int rules = -1;
   bool operator==(const ModalityChoice&) const = default;
+};
+
+// What plans of one config built under different modality policies, or built again (as
+// the memory search and bubble-fill's comparison with nested do), have in common, kept
+// for the plans that follow:
+//  - for the list-scheduled policies (nested, bubble-fill, optimus), which place the same
+//    images against the same text: the list scheduler's text-only timeline and the
+//    step's encoder and generator work in each sizing the placement search tries;
+//  - per config and policy, what its search chose (ModalityChoice): the same config is
+//    placed again with that choice, without searching.
+// What is reused is what the same config computes, so a plan is the same, byte for byte,
+// with a share or without. Configs are told apart by every field that plans read (all but
+// the file name and the stored YAML; the policy where the part is the policy's own). Safe
+// to use from several threads at once. Keeps the timelines and work of the last `parts`
+// configs (they can take tens of MiB each; a plan's peak memory grows by theirs) and the
+// choices of the last `choices`.
+class PlanShare {
+ public:
+  explicit PlanShare(size_t parts = 4, size_t choices = 256);
+  ~PlanShare();
+  PlanShare(const PlanShare&) = delete;
+  PlanShare& operator=(const PlanShare&) = delete;
+  // Parts found instead of computed, since the share was made.
+  struct Reused {
+    size_t timelines = 0, sizings = 0, choices = 0;
+  };
+  Reused reused() const;
+  struct Impl;  // planner/plan.cc
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
 };
 
 // Replanning step after step of one config, each step with its own images (`data.seed`).

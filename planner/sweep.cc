@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <numeric>
 
 #include "core/parallel.h"
 #include "planner/plan.h"
@@ -23,14 +24,14 @@ std::string FirstLine(const std::string& s) {
 }
 
 void RunPoint(const std::string& path, const std::vector<std::string>& sets,
-              const std::vector<VaryAxis>& axes, SweepPoint* p) {
+              const std::vector<VaryAxis>& axes, PlanShare* share, SweepPoint* p) {
   std::vector<std::string> all = sets;
   for (size_t a = 0; a < axes.size(); ++a)
     all.push_back(fmt::format("{}={}", axes[a].key, p->values[a]));
   auto config = LoadConfig(path, all);
   if (!config.ok()) return void(p->error = FirstLine(config.status().message()));
   MemoryChoice choice;
-  auto table = BuildPlan(*config, &choice);
+  auto table = BuildPlan(*config, &choice, share);
   if (!table.ok()) return void(p->error = FirstLine(table.status().message()));
   auto sim = RunSimulation(*table, SimOptionsFor(WithChoice(*config, choice)));
   if (!sim.ok()) return void(p->error = FirstLine(sim.status().message()));
@@ -90,16 +91,34 @@ std::vector<SweepPoint> RunSweep(const std::string& path, const std::vector<std:
                                  const std::vector<VaryAxis>& axes, int jobs,
                                  const std::function<void(size_t, size_t)>& progress) {
   std::vector<SweepPoint> points = ExpandGrid(axes);
+  // Points that differ only in their modality policy run one after another, so that their
+  // plans share what the policies have in common (PlanShare).
+  std::vector<size_t> order(points.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  const auto policy = std::find_if(axes.begin(), axes.end(),
+                                   [](const VaryAxis& a) { return a.key == "schedule.modality"; });
+  if (policy != axes.end()) {
+    const size_t axis = policy - axes.begin();
+    auto others = [&](size_t i) {
+      std::vector<std::string> v = points[i].values;
+      v.erase(v.begin() + axis);
+      return v;
+    };
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t x, size_t y) { return others(x) < others(y); });
+  }
+  const size_t threads = static_cast<size_t>(std::max(1, jobs));
+  PlanShare share(2 * threads);
   size_t done = 0;
   std::mutex mu;
   RunParallel(
       points.size(),
       [&](size_t i) {
-        RunPoint(path, sets, axes, &points[i]);
+        RunPoint(path, sets, axes, &share, &points[order[i]]);
         std::lock_guard<std::mutex> lock(mu);
         if (progress) progress(++done, points.size());
       },
-      static_cast<size_t>(std::max(1, jobs)));
+      threads);
   MarkPareto(&points);
   return points;
 }

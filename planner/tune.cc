@@ -549,9 +549,9 @@ class ResultsWriter {
   std::FILE* f_ = nullptr;
 };
 
-void Simulate(const Config& k, double capacity, TunePoint* p) {
+void Simulate(const Config& k, double capacity, PlanShare* share, TunePoint* p) {
   MemoryChoice choice;
-  auto table = BuildPlan(k, &choice);
+  auto table = BuildPlan(k, &choice, share);
   if (!table.ok()) {  // a schedule's own rules (micro-batches per stage) refuse it: invalid
     const bool refused = table.status().code() == ErrorCode::kInvalidInput;
     p->state = refused ? TuneState::kInvalid : TuneState::kFailed;
@@ -959,6 +959,10 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
 
   // The configured point, for comparison (the config as written, on `gpus`).
   const double capacity = r.hbm_bytes - o.headroom_bytes;
+  // Points that differ only in their modality policy have the same time bound but
+  // inline's, and the policies are the last axis: they are simulated one after another,
+  // and their plans share what the policies have in common (PlanShare).
+  PlanShare share(2 * threads);
   std::vector<std::string> configured;  // its values on the axes; empty: not a candidate
   {
     std::vector<std::string> on_gpus = sets;
@@ -967,7 +971,7 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
     if (k.ok()) {
       ShapeWork shape{&modality, &alive};
       Bound(*k, k->schedule.pipeline, k->schedule.modality, &shape, &r.configured);
-      Simulate(*k, capacity, &r.configured);
+      Simulate(*k, capacity, &share, &r.configured);
       configured = AxisValues(*k, r.keys);
     } else {
       r.configured.error = FirstLine(k.status().message());
@@ -1065,7 +1069,7 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
     RunParallel(
         wave.size(),
         [&](size_t w) {
-          if (auto k = parse(r.points[wave[w]])) Simulate(*k, capacity, &r.points[wave[w]]);
+          if (auto k = parse(r.points[wave[w]])) Simulate(*k, capacity, &share, &r.points[wave[w]]);
         },
         threads);
     if (!wave.empty()) wave_seconds += elapsed() - wave_start, ++waves;
@@ -1077,6 +1081,7 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
   }
   if (o.progress) o.progress(simulated, simulated);  // the rest pruned or out of budget
   r.simulate_wall_s = elapsed() - simulate_start;
+  r.shared = share.reused();
   r.top.assign(fits.begin(), fits.begin() + std::min(fits.size(), static_cast<size_t>(o.top_k)));
 
   // Pareto frontier in (tokens/s, peak memory) among the points that fit.

@@ -36,6 +36,7 @@
 
 #include "core/status.h"
 #include "planner/config.h"
+#include "planner/plan.h"
 #include "planner/sweep.h"
 #include "simulator/metrics.h"
 
@@ -112,6 +113,7 @@ struct TuneResult {
   size_t time_bound_misses = 0, memory_bound_misses = 0;
   double bound_wall_s = 0, simulate_wall_s = 0;  // wall-clock seconds of the two phases
   size_t resumed = 0;                            // points whose results were read, not simulated
+  PlanShare::Reused shared;  // what plans took from others (points that differ in policy)
 };
 
 // The candidate values of each axis for a config (tp, cp, pp, vp, ep, micro-batch size,

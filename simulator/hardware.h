@@ -28,6 +28,7 @@ struct GpuSpec {
   double host_link_bw = 0;          // GPU <-> host memory (PCIe) per direction, bytes/s
   double host_link_efficiency = 0;  // achievable fraction of it (pinned cudaMemcpyAsync)
   double node_host_bytes = 0;       // host memory of one node, bytes
+  bool operator==(const GpuSpec&) const = default;
 };
 
 // Field names as used in configs (cluster.hardware.<name>) and calibration files.

@@ -1,6 +1,7 @@
 // Work that runs on threads of its own in the planner, simulator and trace writer (also run
 // under ThreadSanitizer: scripts/test_sanitizers.sh).
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <atomic>
 #include <functional>
@@ -10,6 +11,7 @@
 
 #include "core/chrome_trace.h"
 #include "core/parallel.h"
+#include "core/table_io.h"
 #include "helpers.h"
 #include "planner/plan.h"
 #include "simulator/metrics.h"
@@ -85,4 +87,56 @@ TEST_CASE("simulate: a table large enough for both cores gives the same result e
   size_t stretched = 0;
   for (OpId i = 0; i < t.size(); ++i) stretched += a->durations[i] > base[i];
   CHECK(stretched > 0);
+}
+
+TEST_CASE("plan share: every policy's plan is the same with a share as without, from two threads") {
+  // The images without a generator, with one (split over the ranks by the list-scheduled
+  // policies), and under memory: auto with micro-batch order auto (which plan several
+  // configs each). Nested first: bubble-fill and optimus can then take its text-only
+  // timeline and sizings, and bubble-fill its placement where it compares itself with nested.
+  const std::vector<std::vector<std::string>> variants = {
+      {"data.seed=3"},
+      {"model.generator={layers: 4, hidden: 1024, mlp: 4096, heads: 8}",
+       "data.generate={height: 512, width: 512}"},
+      {"training.memory=auto", "data.microbatch_order=auto"}};
+  std::vector<Config> configs;
+  for (const auto& sets : variants)
+    for (const char* policy : {"nested", "bubble-fill", "optimus", "inline", "decoupled"})
+      configs.push_back(MultimodalConfig(policy, sets));
+  std::vector<std::string> alone;  // nothing shared, not even within one plan
+  for (const Config& c : configs) {
+    PlanShare none(0, 0);
+    auto t = BuildPlan(c, nullptr, &none);
+    REQUIRE_MESSAGE(t.ok(), t.status().message());
+    alone.push_back(SerializePb(*t));
+  }
+  PlanShare share;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    CAPTURE(i);
+    auto t = BuildPlan(configs[i], nullptr, &share);
+    REQUIRE(t.ok());
+    CHECK(SerializePb(*t) == alone[i]);
+  }
+  const PlanShare::Reused once = share.reused();
+  MESSAGE(fmt::format("reused: {} timelines, {} sizings, {} choices", once.timelines, once.sizings,
+                      once.choices));
+  // Per variant, bubble-fill and optimus take nested's timeline and its sizings.
+  CHECK(once.timelines >= 2 * variants.size());
+  CHECK(once.sizings >= 2 * variants.size());
+  // Planned again with the same share: every search's choice is found.
+  auto again = BuildPlan(configs[0], nullptr, &share);
+  REQUIRE(again.ok());
+  CHECK(SerializePb(*again) == alone[0]);
+  CHECK(share.reused().choices > once.choices);
+  // Two threads on one share, plans of one config under different policies side by side.
+  PlanShare shared;
+  std::vector<std::string> threaded(configs.size());
+  RunParallel(
+      configs.size(),
+      [&](size_t i) {
+        auto t = BuildPlan(configs[i], nullptr, &shared);
+        if (t.ok()) threaded[i] = SerializePb(*t);
+      },
+      2);
+  CHECK(threaded == alone);
 }
