@@ -658,9 +658,11 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
           if (h.chosen) *h.chosen = {policy, sizing_kept, placed.alternative};
         }
         if (cacheable && !cached) *text_cache = tl;
+        // The placement kept may be nested's rules on one sizing while nested's own search
+        // predicts another sizing faster: then too nested's plan is compared.
         if (h.nested_close)
-          *h.nested_close = !hint && policy == ModalityPolicy::kBubbleFill && !nested_kept &&
-                            nested_s < placed.makespan_s * (1 + kListMargin);
+          *h.nested_close = !hint && policy == ModalityPolicy::kBubbleFill &&
+                            nested_s < placed.makespan_s * (nested_kept ? 1 : 1 + kListMargin);
         // The scheduler's working state (freed, partly in its threads' heaps) goes back
         // before the table is built; for large plans (text compute, SEND and RECV: about
         // three ops per text step).
@@ -1355,7 +1357,8 @@ StatusOr<Config> WithLevels(const Config& c, const MemoryLevels& m) {
 // placement can be faster (the room is a bound over the whole step, and binds where nested
 // fits), and the prediction can misorder close candidates (it does not model the receive a
 // transfer waits for, or NICs shared by transfers). So where nested's placement is
-// predicted faster or within kListMargin, bubble-fill's plan and nested's are both
+// predicted faster or within kListMargin (faster only, where bubble-fill kept nested's
+// rules on one sizing of the images), bubble-fill's plan and nested's are both
 // simulated and the faster is kept, as bubble-fill's plan (a plan that fits the device
 // memory before one that does not; bubble-fill's own on a tie).
 // Whether plan b of c is better than plan a: it fits where a does not, or is faster.

@@ -263,6 +263,31 @@ TEST_CASE("nested and bubble-fill are faster than inline, which large images slo
   CHECK(n.vision_hidden_fraction <= 1);
 }
 
+TEST_CASE("bubble-fill is never slower than nested where nested fits in memory") {
+  // Bubble-fill's search may keep nested's rules on one sizing of the images while nested's
+  // own search keeps another it predicts faster; nested's plan is then simulated too and
+  // the faster kept. Before, these four of the grid's pairs had bubble-fill slower (by
+  // 0.8 %, 0.8 %, 0.8 % and 1.4 %).
+  int pairs = 0;
+  for (const char* pipeline : {"1f1b", "zb-h1"})
+    for (int pp : {2, 4})
+      for (int m : {4, 16})
+        for (int seed : {1, 2, 5}) {
+          CAPTURE(pipeline);
+          CAPTURE(pp);
+          CAPTURE(m);
+          CAPTURE(seed);
+          const std::vector<std::string> sets = {
+              fmt::format("schedule.pipeline={}", pipeline), fmt::format("parallelism.pp={}", pp),
+              fmt::format("training.microbatches={}", m), fmt::format("data.seed={}", seed)};
+          const Metrics nested = Simulated(MultimodalConfig("nested", sets));
+          if (nested.oom) continue;
+          ++pairs;
+          CHECK(Simulated(MultimodalConfig("bubble-fill", sets)).step_time_s <= nested.step_time_s);
+        }
+  CHECK(pairs >= 20);
+}
+
 TEST_CASE("manifest: samples are read, bad lines name the file and line") {
   std::string dir = TempDir();
   REQUIRE(WriteFileAtomic(dir + "/ok.jsonl",
