@@ -87,15 +87,26 @@ Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const 
       gang[key] = {builder->AddGroup(ranks), kGangTagBase + 4 * kMaxPieces * next++};
     }
   }
-  // Position of every text compute op per rank.
-  std::vector<std::map<std::tuple<int, int, int>, size_t>> pos(seqs->size());
+  // Position of every text compute op (F, B, I, W) per rank, by (kind, chunk, micro-batch);
+  // -1 where a rank has none.
+  const size_t per_rank = size_t{4} * s.vp * s.m;
+  auto anchor_index = [&](size_t r, OpKind kind, int chunk, int mb) -> int64_t {
+    const int k = kind == OpKind::kF ? 0 : kind == OpKind::kB ? 1 : kind == OpKind::kI ? 2 : 3;
+    const bool text =
+        kind == OpKind::kF || kind == OpKind::kB || kind == OpKind::kI || kind == OpKind::kW;
+    if (!text || chunk < 0 || chunk >= s.vp || mb < 0 || mb >= s.m) return -1;
+    return static_cast<int64_t>(r * per_rank + (static_cast<size_t>(k) * s.vp + chunk) * s.m + mb);
+  };
+  std::vector<int64_t> pos(seqs->size() * per_rank, -1);
   for (size_t r = 0; r < seqs->size(); ++r)
     for (size_t i = 0; i < (*seqs)[r].size(); ++i) {
       const OpKey& k = (*seqs)[r][i].key;
-      pos[r][{static_cast<int>(k.kind), k.chunk, k.mb}] = i;
+      const int64_t x = anchor_index(r, k.kind, k.chunk, k.mb);
+      if (x < 0) continue;
+      pos[x] = i;
       // The I of a split backward is where the backward's anchors are (it produces the
       // input gradient).
-      if (k.kind == OpKind::kI) pos[r][{static_cast<int>(OpKind::kB), k.chunk, k.mb}] = i;
+      if (k.kind == OpKind::kI) pos[anchor_index(r, OpKind::kB, k.chunk, k.mb)] = i;
     }
   // Insertions: (position, slot, sequence number) -> op. Slots order ops at one position:
   // 0 gradient sends after a text backward, 1 modality compute (and their RECV_B / SEND_F
@@ -112,13 +123,13 @@ Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const 
   Status error;
   auto at = [&](int rank, const Anchor& a) -> size_t {
     if (a.mb < 0) return (*seqs)[rank].size();
-    auto it = pos[rank].find({static_cast<int>(a.kind), a.chunk, a.mb});
-    if (it == pos[rank].end()) {
+    const int64_t x = anchor_index(rank, a.kind, a.chunk, a.mb);
+    if (x < 0 || pos[x] < 0) {
       error = Internal(
           fmt::format("no anchor {} c{} m{} on rank {}", KindName(a.kind), a.chunk, a.mb, rank));
       return 0;
     }
-    return it->second + (a.after ? 1 : 0);
+    return static_cast<size_t>(pos[x]) + (a.after ? 1 : 0);
   };
   auto add = [&](int rank, size_t p, int slot, double when, OpKey key, WorkId work,
                  uint32_t tag = 0) {
