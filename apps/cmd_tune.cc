@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -35,12 +36,14 @@ std::string ObjectiveText(TuneObjective o, const Metrics& m) {
   return "";
 }
 
-// A column's name: the key without its section, three long ones shortened.
+// A column's name: the key without its section, five long ones shortened.
 std::string ColumnName(const std::string& key) {
   std::string name = key.substr(key.find('.') + 1);
   if (name == "micro_batch_size") return "mbs";
   if (name == "num_layers_in_first_pipeline_stage") return "first";  // 0: even stages
   if (name == "num_layers_in_last_pipeline_stage") return "last";
+  if (name == "account_for_embedding_in_pipeline_split") return "emb";
+  if (name == "account_for_loss_in_pipeline_split") return "loss";
   return name;
 }
 
@@ -272,10 +275,15 @@ Command MakeTuneCommand() {
       for (size_t i : r->top) width[a] = std::max(width[a], r->points[i].values[a].size());
       head += fmt::format("{:>{}} ", name, width[a]);
     }
+    const bool accounted =
+        std::find(r->keys.begin(), r->keys.end(),
+                  "parallelism.account_for_embedding_in_pipeline_split") != r->keys.end();
     fmt::print(
         "top {} (of the points that fit; first, last: layers of the first and last pipeline rank, "
-        "0 = even):\n{}{:>10} {:>12} {:>6} {:>9} {:>9}  {}\n",
-        r->top.size(), head, "step s", "tokens/s", "MFU %", "peak GiB", "bound s", "Pareto");
+        "0 = even{}):\n{}{:>10} {:>12} {:>6} {:>9} {:>9}  {}\n",
+        r->top.size(),
+        accounted ? "; emb, loss: the embedding, the loss counted as a layer of the split" : "",
+        head, "step s", "tokens/s", "MFU %", "peak GiB", "bound s", "Pareto");
     for (size_t n = 0; n < r->top.size(); ++n) {
       const TunePoint& p = r->points[r->top[n]];
       std::string row = fmt::format("{:>3} ", n + 1);

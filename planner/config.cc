@@ -411,6 +411,8 @@ void ReadParallel(MapReader m, ParallelConfig* c) {
   m.Int({"num_layers_in_first_pipeline_stage", "first_stage_layers"}, &c->first_stage_layers, 1);
   m.Int({"num_layers_in_last_pipeline_stage", "last_stage_layers"}, &c->last_stage_layers, 1);
   m.Int({"num_layers_per_virtual_pipeline_stage"}, &c->layers_per_virtual_stage, 1);
+  m.Bool({"account_for_embedding_in_pipeline_split"}, &c->account_for_embedding);
+  m.Bool({"account_for_loss_in_pipeline_split"}, &c->account_for_loss);
   m.Finish();
 }
 
@@ -628,15 +630,18 @@ std::vector<StageSpan> RankStageSpans(const ParallelConfig& p, int layers,
   const int first = p.first_stage_layers, last = p.last_stage_layers, n = p.pp * p.vp;
   const int middle = p.pp - (first ? 1 : 0) - (last ? 1 : 0);
   const int rest = layers - first - last;
+  const int embedding = p.account_for_embedding, loss = p.account_for_loss;
+  const int even = (layers + embedding + loss) / n;  // virtual stages, the accounted ones too
   std::vector<StageSpan> stages;
   int layer = 0;
   for (int g = 0; g < n; ++g) {
     const int rank = HomeOf(placement, p.pp, g).pp_rank;
-    const int held = first && rank == 0         ? first
-                     : last && rank == p.pp - 1 ? last
-                                                : (middle > 0 ? rest / middle : 0);
-    stages.push_back({layer, layer + held / p.vp, g == 0, g == n - 1});
-    layer += held / p.vp;
+    int held = first && rank == 0         ? first / p.vp
+               : last && rank == p.pp - 1 ? last / p.vp
+                                          : (middle > 0 ? rest / middle / p.vp : 0);
+    if (embedding || loss) held = even - (g == 0 ? embedding : 0) - (g == n - 1 ? loss : 0);
+    stages.push_back({layer, layer + held, g == 0, g == n - 1});
+    layer += held;
   }
   return stages;
 }
@@ -648,9 +653,11 @@ void SetStages(Config* c, Ctx* ctx) {
   ParallelConfig& p = c->parallel;
   const int layers = c->model.llm.layers, n = p.pp * p.vp;
   if (!p.layout.empty()) {
-    if (p.first_stage_layers || p.last_stage_layers)
+    if (p.first_stage_layers || p.last_stage_layers || p.account_for_embedding ||
+        p.account_for_loss)
       return ctx->FailAt("parallelism.pipeline_model_parallel_layout",
-                         "set either the layout or the first/last stage layer counts");
+                         "set either the layout or the first/last stage layer counts (or the "
+                         "embedding and loss accounting)");
     auto st = ParseStageLayout(p.layout);
     if (!st.ok())
       return ctx->FailAt("parallelism.pipeline_model_parallel_layout", st.status().message());
@@ -665,7 +672,21 @@ void SetStages(Config* c, Ctx* ctx) {
     return;
   }
   const int first = p.first_stage_layers, last = p.last_stage_layers;
-  if (first || last) {
+  if (p.account_for_embedding || p.account_for_loss) {
+    const char* key = p.account_for_embedding
+                          ? "parallelism.account_for_embedding_in_pipeline_split"
+                          : "parallelism.account_for_loss_in_pipeline_split";
+    if (first || last)
+      return ctx->FailAt(key,
+                         "set either the embedding or loss accounting or the first/last "
+                         "stage layer counts");
+    const int counted = layers + p.account_for_embedding + p.account_for_loss;
+    if (counted % n != 0)
+      return ctx->FailAt(key, fmt::format("{} layers with the embedding or loss counted as one "
+                                          "each ({}) cannot be split into pp*vp = {} equal "
+                                          "chunks",
+                                          layers, counted, n));
+  } else if (first || last) {
     const char* first_key = "parallelism.num_layers_in_first_pipeline_stage";
     const char* last_key = "parallelism.num_layers_in_last_pipeline_stage";
     const char* key = first ? first_key : last_key;

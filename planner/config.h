@@ -151,6 +151,10 @@ struct ParallelConfig {
   // ranks; each rank's layers split evenly over its vp chunks); 0 / empty: even.
   std::string layout;
   int first_stage_layers = 0, last_stage_layers = 0;
+  // Megatron's account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split:
+  // the embedding (the loss) counted as one layer where the layers are split evenly over
+  // the pp x vp virtual stages, so the first (the last) virtual stage holds one layer fewer.
+  bool account_for_embedding = false, account_for_loss = false;
   int layers_per_virtual_stage = 0;  // Megatron's alternative to vp; 0: vp as given
   std::vector<StageSpan> stages;     // derived: pp*vp entries in global stage order
   bool operator==(const ParallelConfig&) const = default;
@@ -165,7 +169,9 @@ StatusOr<std::vector<StageSpan>> ParseStageLayout(std::string_view layout);
 // placement, as Megatron-core splits them (get_transformer_layer_offset): rank 0 holds
 // `first_stage_layers`, rank pp - 1 `last_stage_layers`, the other ranks the rest evenly,
 // each rank's layers split evenly over its vp chunks (under a V placement rank 0 holds the
-// first and the last virtual stage). `p` as ParseConfig validates it.
+// first and the last virtual stage). With the embedding or the loss accounted for, the
+// layers plus one for each split evenly over the pp x vp virtual stages, the first (the
+// last) virtual stage one layer fewer. `p` as ParseConfig validates it.
 std::vector<StageSpan> RankStageSpans(const ParallelConfig& p, int layers,
                                       StagePlacement placement);
 

@@ -280,6 +280,10 @@ StatusOr<MegatronImport> ImportMegatron(std::string_view script, const std::stri
       {"fp16", {"training.precision", "fp16"}},
       {"use-flash-attn", {"model.attention", "flash"}},
       {"no-scatter-gather-tensors-in-pipeline", {"training.scatter_gather_p2p", "false"}},
+      {"account-for-embedding-in-pipeline-split",
+       {"parallelism.account_for_embedding_in_pipeline_split", "true"}},
+      {"account-for-loss-in-pipeline-split",
+       {"parallelism.account_for_loss_in_pipeline_split", "true"}},
   };
   int nodes = o.nodes, gpus_per_node = o.gpus_per_node;
   int64_t layers_per_virtual = 0;

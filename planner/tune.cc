@@ -42,6 +42,11 @@ constexpr const char* kLast = "parallelism.num_layers_in_last_pipeline_stage";  
 // Uneven stages: each virtual stage of the first or the last pipeline rank (or both) holds
 // this many layers fewer than each virtual stage of the other ranks.
 constexpr int kLighter[] = {1, 2};
+// Megatron's embedding and loss accounted for in the pipeline split ("true" / "false"): the
+// first (last) virtual stage one layer lighter than the others; only with virtual stages
+// (with one chunk per rank the first and last counts above give the same stages).
+constexpr const char* kEmbedding = "parallelism.account_for_embedding_in_pipeline_split";
+constexpr const char* kLoss = "parallelism.account_for_loss_in_pipeline_split";
 constexpr const char* kMbs = "training.micro_batch_size";
 constexpr const char* kRecompute = "training.recompute";
 constexpr const char* kPipeline = "schedule.pipeline";
@@ -65,6 +70,8 @@ constexpr const char* kDerivedKeys[] = {
     "parallelism.num_layers_in_last_pipeline_stage",
     "parallelism.last_stage_layers",
     "parallelism.num_layers_per_virtual_pipeline_stage",
+    "parallelism.account_for_embedding_in_pipeline_split",
+    "parallelism.account_for_loss_in_pipeline_split",
     "parallelism.microbatch_group_size_per_vp_stage",
     "training.microbatches",
     "training.num_microbatches",
@@ -147,6 +154,13 @@ bool StagesTake(int layers, int pp, int vp, int first, int last) {
   return lighter(first) && lighter(last);
 }
 
+// Whether the layers with the embedding and/or the loss counted as one each split evenly
+// over pp ranks of vp >= 2 chunks (config.cc: RankStageSpans, as Megatron-core splits them).
+bool AccountedTake(int layers, int pp, int vp, bool embedding, bool loss) {
+  return vp >= 2 && (embedding || loss) &&
+         (layers + embedding + loss) % (static_cast<int64_t>(pp) * vp) == 0;
+}
+
 // What every point starts from: the config file with the command line's --set overrides,
 // the derived keys erased, the global batch and GPU count fixed. A point's document is a
 // copy of it (parsing the file once: scanning YAML is most of the cost of a point's bounds)
@@ -182,7 +196,9 @@ class Base {
       doc = doc_->Clone();
     }
     for (size_t a = 0; a < keys.size(); ++a)
-      if ((keys[a] != kFirst && keys[a] != kLast) || values[a] != "0")  // 0: the key left out
+      // 0 and false: the key left out
+      if (!((keys[a] == kFirst || keys[a] == kLast) && values[a] == "0") &&
+          !((keys[a] == kEmbedding || keys[a] == kLoss) && values[a] == "false"))
         RETURN_IF_ERROR(doc->ApplySet(fmt::format("{}={}", keys[a], values[a])));
     return std::move(*doc);
   }
@@ -597,6 +613,10 @@ std::vector<std::string> AxisValues(const Config& k, const std::vector<std::stri
       v.push_back(std::to_string(p.first_stage_layers));
     else if (key == kLast)
       v.push_back(std::to_string(p.last_stage_layers));
+    else if (key == kEmbedding)
+      v.emplace_back(p.account_for_embedding ? "true" : "false");
+    else if (key == kLoss)
+      v.emplace_back(p.account_for_loss ? "true" : "false");
     else if (key == kMbs)
       v.push_back(std::to_string(k.training.micro_batch_size));
     else if (key == kRecompute)
@@ -697,13 +717,22 @@ std::vector<VaryAxis> TuneSpace(const Config& c, int gpus) {
   // pp: even stages (a divisor of the layers), or ranks of x layers with a first rank, a
   // last one or both of kLighter fewer per chunk (StagesTake): the first holds the
   // embedding and, in 1F1B, the most micro-batches' activations; the last the output layer
-  // and loss.
-  const std::vector<int> vps = Divisors(l.layers, 8);
+  // and loss; or, with virtual stages, the embedding and/or the loss counted as a layer
+  // (AccountedTake).
+  std::set<int> vp_set;
+  for (int extra : {0, 1, 2})
+    for (int v : Divisors(l.layers + extra, 8)) vp_set.insert(v);
+  const std::vector<int> vps(vp_set.begin(), vp_set.end());
   std::vector<int> pp;
   std::set<int> first = {0}, last = {0};
+  bool accounted = false;
   for (int d = 1; d <= std::min(l.layers, gpus); ++d) {
     if (gpus % d != 0) continue;
     bool takes = l.layers % d == 0;
+    for (int v : vps)
+      for (bool e : {false, true})
+        for (bool f : {false, true})
+          if ((e || f) && AccountedTake(l.layers, d, v, e, f)) takes = accounted = true;
     for (int v : vps)
       for (int f : {0, kLighter[0], kLighter[1]})
         for (int e : {0, kLighter[0], kLighter[1]}) {
@@ -721,6 +750,10 @@ std::vector<VaryAxis> TuneSpace(const Config& c, int gpus) {
   axes.push_back({kVp, Strings(vps)});
   axes.push_back({kFirst, Strings(std::vector<int>(first.begin(), first.end()))});
   axes.push_back({kLast, Strings(std::vector<int>(last.begin(), last.end()))});
+  if (accounted) {
+    axes.push_back({kEmbedding, {"false", "true"}});
+    axes.push_back({kLoss, {"false", "true"}});
+  }
   if (l.moe.experts > 0) {
     std::vector<int> ep;
     for (int d : Divisors(l.moe.experts, l.moe.experts))
@@ -782,7 +815,9 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
           fmt::format("--only {}: not an axis of this search (axes: {})", restrict.key, names));
     }
     for (const std::string& v : restrict.values) {
-      const bool numeric = it->key.rfind("parallelism.", 0) == 0 || it->key == kMbs;
+      const bool numeric =
+          (it->key.rfind("parallelism.", 0) == 0 && it->key != kEmbedding && it->key != kLoss) ||
+          it->key == kMbs;
       char* end = nullptr;
       const long n = std::strtol(v.c_str(), &end, 10);
       const long least = it->key == kFirst || it->key == kLast ? 0 : 1;
@@ -843,10 +878,25 @@ StatusOr<TuneResult> RunTune(const std::string& path, const std::vector<std::str
        }},
       {depth({kPp, kVp, kFirst, kLast}),
        [&] {
-         const int vp = num(values, kVp, 1), first = num(values, kFirst, 0);
-         const int last = num(values, kLast, 0);
-         return vp > 0 && first >= 0 && last >= 0 &&
-                StagesTake(l.layers, num(values, kPp, 1), vp, first, last);
+         const int pp = num(values, kPp, 1), vp = num(values, kVp, 1);
+         const int first = num(values, kFirst, 0), last = num(values, kLast, 0);
+         if (vp <= 0 || first < 0 || last < 0) return false;
+         // Even stages may still come from the embedding or loss accounting (below).
+         const bool accountable = first == 0 && last == 0 &&
+                                  (AccountedTake(l.layers, pp, vp, true, false) ||
+                                   AccountedTake(l.layers, pp, vp, false, true) ||
+                                   AccountedTake(l.layers, pp, vp, true, true));
+         return accountable || StagesTake(l.layers, pp, vp, first, last);
+       }},
+      {depth({kPp, kVp, kFirst, kLast, kEmbedding, kLoss}),
+       [&] {
+         const int pp = num(values, kPp, 1), vp = num(values, kVp, 1);
+         const bool embedding = at(values, kEmbedding) == "true";
+         const bool loss = at(values, kLoss) == "true";
+         if (embedding || loss)
+           return num(values, kFirst, 0) == 0 && num(values, kLast, 0) == 0 &&
+                  AccountedTake(l.layers, pp, vp, embedding, loss);
+         return StagesTake(l.layers, pp, vp, num(values, kFirst, 0), num(values, kLast, 0));
        }},
       {depth({kTp, kPp, kCp, kEp}),
        [&] {

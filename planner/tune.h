@@ -116,8 +116,10 @@ struct TuneResult {
   PlanShare::Reused shared;  // what plans took from others (points that differ in policy)
 };
 
-// The candidate values of each axis for a config (tp, cp, pp, vp, ep, micro-batch size,
-// recompute, pipeline schedule, modality policy), before the config rules filter them.
+// The candidate values of each axis for a config (tp, cp, pp, vp, the first and last
+// pipeline ranks' layers, the embedding and loss accounted for in the split where some
+// pp x vp takes them, ep, micro-batch size, recompute, pipeline schedule, modality policy),
+// before the config rules filter them.
 std::vector<VaryAxis> TuneSpace(const Config& c, int gpus);
 
 // A point as JSON (--json, and a line of a results file): its values by key, state, error,

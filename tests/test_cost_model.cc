@@ -260,6 +260,38 @@ TEST_CASE("uneven stages: Megatron's layout string and first/last stage layer co
       "\"Et*3|t*3|t*2L\"}\ntraining: {seq_length: 128, microbatches: 4}\n");
   REQUIRE(!bad.ok());
   CHECK(bad.status().message().find("3 stages, pp*vp = 4") != std::string::npos);
+
+  // Megatron's account_for_embedding_in_pipeline_split / ..._loss_...: the embedding and the
+  // loss count as one layer each, the 14 + 2 = 16 "layers" split evenly over pp 4 x vp 2 =
+  // 8 virtual stages of 2, the first virtual stage (rank 0's chunk 0) and the last (loop:
+  // rank 3's chunk 1; V: rank 0's chunk 1) one layer fewer; in global order the same for
+  // both placements.
+  const std::vector<std::string> both = {"model.llm.layers=14",
+                                         "parallelism.account_for_embedding_in_pipeline_split=true",
+                                         "parallelism.account_for_loss_in_pipeline_split=true"};
+  CHECK(chunks(SmallConfig(PipelineKind::kInterleaved1F1B, 4, 2, 8, 1, both)) ==
+        std::vector<int>{1, 2, 2, 2, 2, 2, 2, 1});
+  CHECK(chunks(SmallConfig(PipelineKind::kZbv, 4, 2, 8, 1, both)) ==
+        std::vector<int>{1, 2, 2, 2, 2, 2, 2, 1});
+  // The embedding alone: 15 + 1 over 8; with vp 1, 7 + 1 over 4: the first rank 1 of 2.
+  CHECK(chunks(SmallConfig(
+            PipelineKind::kInterleaved1F1B, 4, 2, 8, 1,
+            {"model.llm.layers=15", "parallelism.account_for_embedding_in_pipeline_split=true"})) ==
+        std::vector<int>{1, 2, 2, 2, 2, 2, 2, 2});
+  CHECK(chunks(SmallConfig(
+            PipelineKind::k1F1B, 4, 1, 4, 1,
+            {"model.llm.layers=7", "parallelism.account_for_loss_in_pipeline_split=true"})) ==
+        std::vector<int>{2, 2, 2, 1});
+  auto counted = uneven("account_for_embedding_in_pipeline_split: true");  // 17 over 8
+  REQUIRE(!counted.ok());
+  CHECK(counted.status().message().find("cfg.yaml:3:") != std::string::npos);
+  CHECK(counted.status().message().find("(17) cannot be split into pp*vp = 8") !=
+        std::string::npos);
+  auto mixed =
+      uneven("account_for_loss_in_pipeline_split: true, num_layers_in_first_pipeline_stage: 2");
+  REQUIRE(!mixed.ok());
+  CHECK(mixed.status().message().find("set either the embedding or loss accounting") !=
+        std::string::npos);
 }
 
 TEST_CASE("model TFLOP/s per GPU is eq. (3) of Narayanan et al. (SC21)") {

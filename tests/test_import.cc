@@ -153,3 +153,25 @@ TEST_CASE("import-megatron: --recompute-modules and --offload-modules take lists
                    "--offload-modules without --fine-grained-activation-offloading: nothing is "
                    "offloaded") == 1);
 }
+
+TEST_CASE("import-megatron: the embedding and the loss accounted for in the pipeline split") {
+  MegatronImportOptions o;
+  o.nodes = 1;
+  auto r = ImportMegatron(
+      "torchrun pretrain_gpt.py --num-layers 78 --hidden-size 1024 --num-attention-heads 8 "
+      "--seq-length 2048 --micro-batch-size 1 --global-batch-size 64 "
+      "--pipeline-model-parallel-size 4 --padded-vocab-size 32000 --ffn-hidden-size 4096 "
+      "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split",
+      "x.sh", o);
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  CHECK(r->ignored.empty());
+  auto doc = YamlDoc::FromString("x.yaml", r->yaml);
+  REQUIRE(doc.ok());
+  auto c = ParseConfig(std::move(*doc));
+  REQUIRE_MESSAGE(c.ok(), c.status().message());
+  // 78 layers + the embedding + the loss = 80 over pp 4: 20 per stage, the first and the
+  // last stage one transformer layer fewer.
+  std::vector<int> layers;
+  for (const StageSpan& s : c->parallel.stages) layers.push_back(s.layer_end - s.layer_begin);
+  CHECK(layers == std::vector<int>{19, 20, 20, 19});
+}

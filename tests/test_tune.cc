@@ -143,6 +143,29 @@ TEST_CASE("tune: pruning keeps the exhaustive search's top K, and every bound ho
   }
   CHECK(v_placed);
   CHECK(uneven.size() == expected.size());
+  // With virtual stages the embedding and the loss may each count as a layer of the split
+  // (Megatron's account_for_embedding_in_pipeline_split and ..._loss_...): 8 + 2 = 10 layers
+  // over pp 2 x vp 5, the first and the last virtual stage with the embedding or the loss
+  // alone; 8 + 1 = 9 splits over no pp x vp of the space (pp 1, 2, 4, 8; vp >= 2; pp 1 runs
+  // no virtual stages).
+  const size_t embedding_axis = axis("parallelism.account_for_embedding_in_pipeline_split");
+  const size_t loss_axis = axis("parallelism.account_for_loss_in_pipeline_split");
+  size_t accounted = 0;
+  for (const TunePoint& q : full->points) {
+    if (q.state != TuneState::kSimulated) continue;
+    if (q.values[embedding_axis] == "false" && q.values[loss_axis] == "false") continue;
+    ++accounted;
+    CHECK(q.values[embedding_axis] == "true");
+    CHECK(q.values[loss_axis] == "true");
+    CHECK(q.values[pp_axis] == "2");
+    CHECK(q.values[vp_axis] == "5");
+    auto k = PointConfig(cfg, *full, q);
+    REQUIRE(k.ok());
+    std::vector<int> layers;
+    for (const StageSpan& st : k->parallel.stages) layers.push_back(st.layer_end - st.layer_begin);
+    CHECK(layers == std::vector<int>{0, 1, 1, 1, 1, 1, 1, 1, 1, 0});
+  }
+  CHECK(accounted > 0);
   CHECK(full->time_bound_misses == 0);
   CHECK(full->memory_bound_misses == 0);
 }
