@@ -273,6 +273,14 @@ TEST_CASE("uneven stages: Megatron's layout string and first/last stage layer co
         std::vector<int>{1, 2, 2, 2, 2, 2, 2, 1});
   CHECK(chunks(SmallConfig(PipelineKind::kZbv, 4, 2, 8, 1, both)) ==
         std::vector<int>{1, 2, 2, 2, 2, 2, 2, 1});
+  // What the stages cost follows: a middle virtual stage's 2 layers, the first's 1 layer and
+  // the embedding (no GEMMs), the last's 1 layer and the output layer (2*T*h*V, as above).
+  const Config accounted = SmallConfig(PipelineKind::kInterleaved1F1B, 4, 2, 8, 1, both);
+  const TextWorkload aw = BuildTextWorkload(accounted);
+  const double one_layer = aw.f[1].flops / 2;
+  CHECK(one_layer == doctest::Approx(layer_f));
+  CHECK(aw.f[0].flops == doctest::Approx(one_layer));
+  CHECK(aw.f[7].flops == doctest::Approx(one_layer + 2 * kT * kH * kV));
   // The embedding alone: 15 + 1 over 8; with vp 1, 7 + 1 over 4: the first rank 1 of 2.
   CHECK(chunks(SmallConfig(
             PipelineKind::kInterleaved1F1B, 4, 2, 8, 1,
