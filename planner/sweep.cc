@@ -99,13 +99,13 @@ std::vector<SweepPoint> RunSweep(const std::string& path, const std::vector<std:
                                    [](const VaryAxis& a) { return a.key == "schedule.modality"; });
   if (policy != axes.end()) {
     const size_t axis = policy - axes.begin();
-    auto others = [&](size_t i) {
-      std::vector<std::string> v = points[i].values;
-      v.erase(v.begin() + axis);
-      return v;
-    };
+    std::vector<std::vector<std::string>> others(points.size());  // the other axes' values
+    for (size_t i = 0; i < points.size(); ++i) {
+      others[i] = points[i].values;
+      others[i].erase(others[i].begin() + axis);
+    }
     std::stable_sort(order.begin(), order.end(),
-                     [&](size_t x, size_t y) { return others(x) < others(y); });
+                     [&](size_t x, size_t y) { return others[x] < others[y]; });
   }
   const size_t threads = static_cast<size_t>(std::max(1, jobs));
   PlanShare share(2 * threads);
