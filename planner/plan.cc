@@ -192,23 +192,44 @@ double PipelinedBudget(const Config& c, const std::vector<double>& text_round_s)
   return ModalityWindow(c) * *std::max_element(text_round_s.begin(), text_round_s.end());
 }
 
-// The longest a layer-group piece may take: the shortest text forward.
+// The shortest text forward: the grain of the text-only timeline's index for the timed
+// placement.
 double PieceQuantum(const ListInput& in) {
   return *std::min_element(in.f_s.begin(), in.f_s.end());
 }
 
-// Layer-group pieces: each task is cut into the fewest equal layer groups whose forward
-// and backward each take no longer than the shortest text forward (a piece then fits the
-// gaps the text pipeline leaves and never stalls it by more than one text op).
+// The longest a layer-group piece may take: the shortest text forward (a piece then never
+// stalls the pipeline by more than one text op), or the shortest gap the pipeline's steady
+// state leaves where that is shorter: a pipeline rank whose round (its chunks' text F and B)
+// is shorter than the slowest rank's idles the difference every round, and pieces that fit
+// it fill it. Gaps under a quarter of the shortest text forward are not followed: pieces are
+// never cut finer than that (at most four times as many pieces as the text forward asks).
+double PieceSeconds(const ListInput& in) {
+  const double shortest = PieceQuantum(in);
+  std::vector<double> round(in.shape.pp, 0);
+  for (int g = 0; g < in.shape.stages(); ++g)
+    round[in.shape.home(g).pp_rank] += in.f_s[g] + in.b_s[g];
+  const double slowest = *std::max_element(round.begin(), round.end());
+  double piece = shortest;
+  for (double r : round)
+    if (slowest - r >= shortest / 4) piece = std::min(piece, slowest - r);
+  return piece;
+}
+
+// Layer-group pieces: each task is cut into the fewest layer groups whose forward and
+// backward each take no longer than PieceSeconds (as many layers per group as fit, at
+// least one; the groups as even as the layer count allows, so none holds more).
 std::vector<std::vector<int>> PieceBounds(const Config& c, const ListInput& in) {
-  const double quantum = PieceQuantum(in);
+  const double quantum = PieceSeconds(in);
   const int layers = c.model.vision.layers;
   std::vector<std::vector<int>> bounds(in.vf_s.size());
   for (size_t i = 0; i < bounds.size(); ++i) {
-    const double longest = std::max(in.vf_s[i], in.vb_s[i]);
-    const int n = quantum > 0 ? std::clamp(static_cast<int>(std::ceil(longest / quantum)), 1,
-                                           std::min(layers, kMaxPieces))
-                              : 1;
+    const double per_layer = std::max(in.vf_s[i], in.vb_s[i]) / layers;
+    int n = 1;
+    if (quantum > 0 && per_layer * layers > quantum) {
+      const int fit = std::max(1, static_cast<int>(std::floor(quantum / per_layer)));
+      n = std::min((layers + fit - 1) / fit, kMaxPieces);
+    }
     for (int k = 0; k <= n; ++k) bounds[i].push_back(k * layers / n);
   }
   return bounds;
@@ -335,8 +356,8 @@ std::vector<double> VisionTasksKey(const ModalityWork& w) {
 }
 
 // Sizings of the images that do not depend on the policy (AddModality): dynamic CP's (0)
-// and the four others the search tries (1 to 4).
-constexpr int kSharedSizings = 5;
+// and the five others the search tries (1 to 5).
+constexpr int kSharedSizings = 6;
 
 // The fields plans read: all but the file name and the stored YAML.
 bool SameInputs(const Config& a, const Config& b) {
@@ -537,24 +558,27 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         // then falls. Other sizings of the same images are placed too and kept where
         // the step is shorter: K3's rule alone (the round's per-GPU share as the target,
         // not raised to the latency budget: more gangs), no gangs (images split only
-        // over a rank's own GPUs), and dynamic CP's sizing and K3's rule with each round's
-        // images balanced against the text (VisionPool::text_round_s: ranks with less text
-        // take more encoder work); a sizing that makes the same tasks as one before is
-        // skipped. A probe comes
-        // first: one pass of the policy's own rules (alternative 0 of the search; deadlines from
-        // the text-only timeline); the search runs on a sizing only where the probe beats that
-        // first pass on the sizings before. Sizing 0 is dynamic CP's, 1 to 4 these, 5 the
-        // timed placement's (below).
+        // over a rank's own GPUs), and dynamic CP's sizing, K3's rule and no gangs with each
+        // round's images balanced against the text (VisionPool::text_round_s: ranks with
+        // less text take more encoder work); a sizing that makes the same tasks as one
+        // before is skipped. A probe comes first: one pass of the policy's own rules
+        // (alternative 0 of the search; deadlines from the text-only timeline); the search
+        // runs on a sizing only where the probe beats that first pass on the sizings
+        // before. Sizing 0 is dynamic CP's, 1 to 5 these, 6 the timed placement's (below).
         std::vector<std::pair<int, VisionPool>> sizings;  // (cp_max_group, pool)
         VisionPool k3_rule = pool;
         k3_rule.latency_budget_s = 0;
         sizings.push_back({c.model.vision.cp_max_group, k3_rule});
-        sizings.push_back(
-            {std::min(c.model.vision.cp_max_group, c.parallel.tp * c.parallel.cp), pool});
+        const int own_gpus = std::min(c.model.vision.cp_max_group, c.parallel.tp * c.parallel.cp);
+        sizings.push_back({own_gpus, pool});
         for (VisionPool x : {pool, k3_rule}) {
           x.text_round_s = text_round_s;
           sizings.push_back({c.model.vision.cp_max_group, x});
         }
+        VisionPool balanced = pool;
+        balanced.text_round_s = text_round_s;
+        if (own_gpus != c.model.vision.cp_max_group)  // else the same as the one before
+          sizings.push_back({own_gpus, balanced});
         const int timed_sizing = static_cast<int>(sizings.size()) + 1;
         auto sized_work = [&](int sizing) {
           return shared_work(sizing, [&]() -> StatusOr<ModalityWork> {

@@ -59,8 +59,10 @@ def table(binary):
                     f"{auto['peak_memory_bytes'] / GiB:.1f} GiB | {chosen} | "
                     f"{m['plans_simulated']} |")
     lines = [
-        f"`memory: auto` finds plans {100 * min(gains):.1f}-{100 * max(gains):.1f} % faster "
-        "than the configs' hand-set modes:", "",
+        (f"`memory: auto` finds plans {100 * min(gains):.1f}-{100 * max(gains):.1f} % faster "
+         "than the configs' hand-set modes:" if min(gains) >= 0 else
+         f"`memory: auto` finds plans from {-100 * min(gains):.1f} % slower to "
+         f"{100 * max(gains):.1f} % faster than the configs' hand-set modes:"), "",
         "| config | policy | as configured: step, peak | `memory: auto`: step, peak | chosen "
         "(LLM by pp rank; encoder; generator) | plans |",
         "|---|---|---|---|---|---|", *rows]
