@@ -572,21 +572,20 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         // before is skipped. A probe comes first: one pass of the policy's own rules
         // (alternative 0 of the search; deadlines from the text-only timeline); the search
         // runs on a sizing only where the probe beats that first pass on the sizings
-        // before. Sizing 0 is dynamic CP's, 1 to 5 these, 6 the timed placement's (below).
-        std::vector<std::pair<int, VisionPool>> sizings;  // (cp_max_group, pool)
+        // before (comes within kProbeMargin of it under nested and optimus). Sizing 0 is
+        // dynamic CP's, 1 to 5 these, 6 the timed placement's (below).
         VisionPool k3_rule = pool;
         k3_rule.latency_budget_s = 0;
-        sizings.push_back({c.model.vision.cp_max_group, k3_rule});
-        const int own_gpus = std::min(c.model.vision.cp_max_group, c.parallel.tp * c.parallel.cp);
-        sizings.push_back({own_gpus, pool});
-        for (VisionPool x : {pool, k3_rule}) {
-          x.text_round_s = text_round_s;
-          sizings.push_back({c.model.vision.cp_max_group, x});
-        }
-        VisionPool balanced = pool;
-        balanced.text_round_s = text_round_s;
-        if (own_gpus != c.model.vision.cp_max_group)  // else the same as the one before
-          sizings.push_back({own_gpus, balanced});
+        VisionPool balanced = pool, k3_balanced = k3_rule;
+        balanced.text_round_s = k3_balanced.text_round_s = text_round_s;
+        const int cp_max = c.model.vision.cp_max_group;
+        const int own_gpus = std::min(cp_max, c.parallel.tp * c.parallel.cp);
+        std::vector<std::pair<int, VisionPool>> sizings = {// (cp_max_group, pool)
+                                                           {cp_max, k3_rule},
+                                                           {own_gpus, pool},
+                                                           {cp_max, balanced},
+                                                           {cp_max, k3_balanced}};
+        if (own_gpus != cp_max) sizings.push_back({own_gpus, balanced});  // else sizing 3
         const int timed_sizing = static_cast<int>(sizings.size()) + 1;
         auto sized_work = [&](int sizing) {
           return shared_work(sizing, [&]() -> StatusOr<ModalityWork> {
