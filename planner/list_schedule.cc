@@ -1190,16 +1190,38 @@ StatusOr<std::vector<double>> Probe(const std::vector<ListProbe>& probes,
                                     const TextTimeline& text) {
   std::vector<double> makespan(probes.size(), kInf);
   std::vector<Status> status(probes.size(), Status::Ok());
+  std::vector<uint8_t> window_bound(probes.size(), 0);
   for (size_t i = 0; i < probes.size(); ++i) {
     RETURN_IF_ERROR(CheckInput(*probes[i].in, probes[i].work, &text));
   }
-  RunParallel(probes.size(), [&](size_t i) {
+  auto run = [&](size_t i) {
     const ListProbe& x = probes[i];
     Pass p(*x.in, *x.work, x.rules, text.due);
     status[i] = p.Run(x.bound);
     makespan[i] = p.makespan();
-  });
-  for (const Status& s : status) RETURN_IF_ERROR(s);
+    window_bound[i] = p.window_bound();
+  };
+  // As in ScheduleModality: a probe without windows whose twin (the same images and bound,
+  // with windows) met none makes the twin's decisions (also where the twin stopped at the
+  // bound first): it runs only where a window bound the twin.
+  std::vector<ListRules> rules;
+  for (const ListProbe& x : probes) rules.push_back(x.rules);
+  std::vector<size_t> first, second;
+  std::vector<int> twin(probes.size(), -1);
+  for (size_t i = 0; i < probes.size(); ++i) {
+    const int a = WindowTwin(rules, i);
+    if (a >= 0 && probes[a].in == probes[i].in && probes[a].work == probes[i].work &&
+        probes[a].bound == probes[i].bound)
+      twin[i] = a;
+    (twin[i] < 0 ? first : second).push_back(i);
+  }
+  RunParallel(first.size(), [&](size_t k) { run(first[k]); });
+  for (size_t i : first) RETURN_IF_ERROR(status[i]);
+  for (size_t i : second)
+    if (!window_bound[twin[i]]) makespan[i] = makespan[twin[i]];
+  std::erase_if(second, [&](size_t i) { return !window_bound[twin[i]]; });
+  RunParallel(second.size(), [&](size_t k) { run(second[k]); });
+  for (size_t i : second) RETURN_IF_ERROR(status[i]);
   return makespan;
 }
 
