@@ -3,10 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <queue>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include "core/parallel.h"
@@ -1084,17 +1086,49 @@ Status CheckInput(const ListInput& in, const ModalityWork* w, const TextTimeline
 }
 
 // Index of the alternative before `b` that differs from it only by its windows (b has
-// none), or -1. Passes of the two are the same decisions until a window binds.
-int WindowTwin(const std::vector<ListRules>& alternatives, size_t b) {
+// none), or -1; with `same`, only among those for which it holds. Passes of the two are the
+// same decisions until a window binds.
+int WindowTwin(const std::vector<ListRules>& alternatives, size_t b,
+               const std::function<bool(size_t)>& same = {}) {
   const ListRules& rb = alternatives[b];
   if (rb.window != 0 || rb.backward_window != 0) return -1;
   for (size_t a = 0; a < b; ++a) {
     ListRules ra = alternatives[a];
-    if (ra.window == 0 && ra.backward_window == 0) continue;
+    if ((ra.window == 0 && ra.backward_window == 0) || (same && !same(a))) continue;
     ra.window = ra.backward_window = 0;
     if (ra == rb) return static_cast<int>(a);
   }
   return -1;
+}
+
+constexpr int kRepeat = -2;  // RunTwins: an item that repeats an earlier one
+
+// Runs items 0..n-1 of a list of rule sets (`run(i)`), on the machine's cores: first those
+// without a window twin (`twin[i]` -1), then each item whose twin (`twin[i]`, an earlier
+// item) met a window in its run (`acted(twin[i])`): where it met none, the item would make
+// its twin's decisions (WindowTwin) and does not run. Items marked kRepeat do not run. With
+// `eager`, items with a twin run beside the others (the machine has cores to spare; a run
+// that could have been skipped repeats its twin's result). Returns, per item, whether it ran.
+StatusOr<std::vector<uint8_t>> RunTwins(const std::vector<int>& twin,
+                                        const std::function<Status(size_t)>& run,
+                                        const std::function<bool(size_t)>& acted, bool eager) {
+  std::vector<uint8_t> ran(twin.size(), 0);
+  std::vector<Status> status(twin.size(), Status::Ok());
+  auto round = [&](const std::vector<size_t>& items) -> Status {
+    RunParallel(items.size(), [&](size_t k) { status[items[k]] = run(items[k]); });
+    for (size_t i : items) {
+      RETURN_IF_ERROR(status[i]);
+      ran[i] = 1;
+    }
+    return Status::Ok();
+  };
+  std::vector<size_t> first, second;
+  for (size_t i = 0; i < twin.size(); ++i)
+    if (twin[i] != kRepeat) (twin[i] < 0 || eager ? first : second).push_back(i);
+  RETURN_IF_ERROR(round(first));
+  std::erase_if(second, [&](size_t i) { return !acted(static_cast<size_t>(twin[i])); });
+  RETURN_IF_ERROR(round(second));
+  return ran;
 }
 
 }  // namespace
@@ -1127,10 +1161,9 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
   best.room_bound.assign(alternatives.size(), 0);
   best.first_pass_s.assign(alternatives.size(), kInf);
   size_t best_index = alternatives.size();
-  std::vector<Status> status(alternatives.size(), Status::Ok());
   std::vector<uint8_t> window_bound(alternatives.size(), 0);
   std::mutex mu;
-  auto run = [&](size_t a) {
+  auto run = [&](size_t a) -> Status {
     const ListRules& rules = alternatives[a];
     ListResult mine;
     mine.makespan_s = kInf;
@@ -1139,8 +1172,7 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
     bool room_bound = false;
     for (int k = 0; k < std::max(1, rules.passes); ++k) {
       Pass p(in, w, rules, deadline);
-      status[a] = p.Run();
-      if (!status[a].ok()) return;
+      RETURN_IF_ERROR(p.Run());
       ++mine.passes;
       window_bound[a] |= p.window_bound();
       room_bound |= p.room_bound();
@@ -1167,20 +1199,16 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
       best.generator = std::move(mine.generator);
       best.rank_orders = std::move(mine.rank_orders);
     }
+    return Status::Ok();
   };
-  std::vector<size_t> first, second;
   std::vector<int> twin(alternatives.size());
   for (size_t a = 0; a < alternatives.size(); ++a) {
     const auto begin = alternatives.begin();
-    if (std::find(begin, begin + a, alternatives[a]) != begin + a) continue;  // a repeat
-    twin[a] = WindowTwin(alternatives, a);
-    (twin[a] < 0 ? first : second).push_back(a);
+    const bool repeat = std::find(begin, begin + a, alternatives[a]) != begin + a;
+    twin[a] = repeat ? kRepeat : WindowTwin(alternatives, a);
   }
-  RunParallel(first.size(), [&](size_t i) { run(first[i]); });
-  for (size_t i : first) RETURN_IF_ERROR(status[i]);
-  std::erase_if(second, [&](size_t a) { return !window_bound[twin[a]]; });
-  RunParallel(second.size(), [&](size_t i) { run(second[i]); });
-  for (size_t i : second) RETURN_IF_ERROR(status[i]);
+  const auto acted = [&](size_t a) { return window_bound[a] != 0; };
+  RETURN_IF_ERROR(RunTwins(twin, run, acted, false).status());
   best.text_makespan_s = text.end;
   best.alternative = static_cast<int>(best_index);
   return best;
@@ -1189,39 +1217,33 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
 StatusOr<std::vector<double>> Probe(const std::vector<ListProbe>& probes,
                                     const TextTimeline& text) {
   std::vector<double> makespan(probes.size(), kInf);
-  std::vector<Status> status(probes.size(), Status::Ok());
   std::vector<uint8_t> window_bound(probes.size(), 0);
   for (size_t i = 0; i < probes.size(); ++i) {
     RETURN_IF_ERROR(CheckInput(*probes[i].in, probes[i].work, &text));
   }
-  auto run = [&](size_t i) {
+  auto run = [&](size_t i) -> Status {
     const ListProbe& x = probes[i];
     Pass p(*x.in, *x.work, x.rules, text.due);
-    status[i] = p.Run(x.bound);
+    RETURN_IF_ERROR(p.Run(x.bound));
     makespan[i] = p.makespan();
     window_bound[i] = p.window_bound();
+    return Status::Ok();
   };
-  // As in ScheduleModality: a probe without windows whose twin (the same images and bound,
-  // with windows) met none makes the twin's decisions (also where the twin stopped at the
-  // bound first): it runs only where a window bound the twin.
+  // A probe's window twin: the same images and bound, its rules with windows (a pass
+  // stopped at the bound before a window met it would stop there without windows too).
   std::vector<ListRules> rules;
   for (const ListProbe& x : probes) rules.push_back(x.rules);
-  std::vector<size_t> first, second;
-  std::vector<int> twin(probes.size(), -1);
-  for (size_t i = 0; i < probes.size(); ++i) {
-    const int a = WindowTwin(rules, i);
-    if (a >= 0 && probes[a].in == probes[i].in && probes[a].work == probes[i].work &&
-        probes[a].bound == probes[i].bound)
-      twin[i] = a;
-    (twin[i] < 0 ? first : second).push_back(i);
-  }
-  RunParallel(first.size(), [&](size_t k) { run(first[k]); });
-  for (size_t i : first) RETURN_IF_ERROR(status[i]);
-  for (size_t i : second)
-    if (!window_bound[twin[i]]) makespan[i] = makespan[twin[i]];
-  std::erase_if(second, [&](size_t i) { return !window_bound[twin[i]]; });
-  RunParallel(second.size(), [&](size_t k) { run(second[k]); });
-  for (size_t i : second) RETURN_IF_ERROR(status[i]);
+  std::vector<int> twin(probes.size());
+  for (size_t i = 0; i < probes.size(); ++i)
+    twin[i] = WindowTwin(rules, i, [&](size_t a) {
+      return probes[a].in == probes[i].in && probes[a].work == probes[i].work &&
+             probes[a].bound == probes[i].bound;
+    });
+  const bool eager = probes.size() <= std::max(1u, std::thread::hardware_concurrency());
+  const auto acted = [&](size_t i) { return window_bound[i] != 0; };
+  ASSIGN_OR_RETURN(const std::vector<uint8_t> ran, RunTwins(twin, run, acted, eager));
+  for (size_t i = 0; i < probes.size(); ++i)
+    if (!ran[i]) makespan[i] = makespan[twin[i]];
   return makespan;
 }
 

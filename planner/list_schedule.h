@@ -145,7 +145,10 @@ struct ListProbe {
 };
 // Each probe's makespan, or +inf where it exceeds its bound: the pass stops as soon as a
 // rank's clock passes the bound (the makespan is at least every rank's clock). Probes run
-// on the machine's cores.
+// on the machine's cores. A probe whose rules differ from an earlier probe's of the same
+// images and bound only by having no windows reports that probe's makespan where no window
+// acted in it (the two passes make the same decisions); it runs after it, where a window
+// did, or beside it when the machine has a core per probe.
 StatusOr<std::vector<double>> Probe(const std::vector<ListProbe>& probes, const TextTimeline& text);
 
 }  // namespace pipeplan
