@@ -99,6 +99,9 @@ struct ListInput {
   std::vector<double> vf_s, vb_s;  // per vision task: forward, backward (with recompute)
   std::vector<double> out_s;       // per vision task: transfer to (and from) its consumer
   std::vector<double> bytes;       // per vision task: activation + output bytes per GPU
+  // The largest of those with each gang taken as one task (its shards' bytes together):
+  // the same for every sizing of the images (nested's default budget, RulesOf).
+  double largest_whole_bytes = 0;
   // Per vision task: layer bounds of its pieces {0, l1, ..., layers}; empty = whole tasks.
   // Piece k takes the share (l[k+1] - l[k]) / layers of the task's forward and backward.
   std::vector<std::vector<int>> bounds;
