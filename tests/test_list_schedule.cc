@@ -834,20 +834,29 @@ TEST_CASE("layer-group pieces fit the steady state's gaps: nested within 8 % of 
   }
 }
 
+namespace {
+
+// The simulated metrics of `configs/NAME.yaml` with `sets`.
+Metrics SimulatedConfig(const std::string& name, const std::vector<std::string>& sets) {
+  auto c = LoadConfig(std::string(PIPEPLAN_SOURCE_DIR) + "/configs/" + name + ".yaml", sets);
+  REQUIRE_MESSAGE(c.ok(), c.status().message());
+  auto r = RunSimulation(Plan(*c), SimOptionsFor(*c));
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  return r->metrics;
+}
+
+}  // namespace
+
 TEST_CASE("nested probes a sizing with its budget alone too, where no window was asked for") {
   // configs/default.yaml under interleaved ZB (vp 2) at 32 micro-batches: nested's windows
   // cost more than they save on the images without gangs balanced against the text, whose
   // first pass under the windowed rules alone stayed above the best one's; probed with the
   // budget alone too, that sizing is searched and nested's step falls from 3.17 s to
   // 2.94 s, below `decoupled`'s 3.07 s (it lost by 3.2 %).
-  const std::string cfg = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/default.yaml";
   auto step = [&](const std::string& policy) {
-    auto c = LoadConfig(cfg, {"training.microbatches=32", "schedule.pipeline=interleaved-zb",
-                              "parallelism.vp=2", "schedule.modality=" + policy});
-    REQUIRE_MESSAGE(c.ok(), c.status().message());
-    auto r = RunSimulation(Plan(*c), SimOptionsFor(*c));
-    REQUIRE_MESSAGE(r.ok(), r.status().message());
-    return r->metrics;
+    return SimulatedConfig("default",
+                           {"training.microbatches=32", "schedule.pipeline=interleaved-zb",
+                            "parallelism.vp=2", "schedule.modality=" + policy});
   };
   const Metrics nested = step("nested"), decoupled = step("decoupled");
   CHECK(nested.step_time_s <= decoupled.step_time_s);
@@ -861,14 +870,10 @@ TEST_CASE("nested's budget is the same for every sizing of the images") {
   // slower than optimus (7.23 s, which keeps every micro-batch's encoder state); with the
   // largest image's bytes for both, 7.07 s. Its encoder peak stays under that budget (9.98
   // GiB; 9.27 GiB measured).
-  const std::string cfg = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/qwen3_30b_a3b_vit.yaml";
   auto sim = [&](const std::string& policy) {
-    auto c = LoadConfig(cfg, {"training.microbatches=16", "schedule.pipeline=zbv",
-                              "parallelism.vp=2", "schedule.modality=" + policy});
-    REQUIRE_MESSAGE(c.ok(), c.status().message());
-    auto r = RunSimulation(Plan(*c), SimOptionsFor(*c));
-    REQUIRE_MESSAGE(r.ok(), r.status().message());
-    return r->metrics;
+    return SimulatedConfig("qwen3_30b_a3b_vit",
+                           {"training.microbatches=16", "schedule.pipeline=zbv", "parallelism.vp=2",
+                            "schedule.modality=" + policy});
   };
   const Metrics nested = sim("nested"), optimus = sim("optimus"), decoupled = sim("decoupled");
   CHECK(nested.step_time_s <= optimus.step_time_s);
@@ -886,15 +891,10 @@ TEST_CASE("nested searches a sizing whose first pass comes close to the best one
   // ends at 5.94 s. Searching only the sizings whose first pass beats the best kept the
   // gangs: 6.32 s simulated, 5 % slower than `decoupled` (6.02 s); searching those within
   // 5 % finds the images without gangs, as fast as the config that forbids gangs.
-  const std::string cfg = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/default.yaml";
   auto step = [&](std::vector<std::string> sets) {
     sets.insert(sets.end(), {"training.microbatches=64", "schedule.pipeline=interleaved-1f1b",
                              "parallelism.vp=2"});
-    auto c = LoadConfig(cfg, sets);
-    REQUIRE_MESSAGE(c.ok(), c.status().message());
-    auto r = RunSimulation(Plan(*c), SimOptionsFor(*c));
-    REQUIRE_MESSAGE(r.ok(), r.status().message());
-    return r->metrics.step_time_s;
+    return SimulatedConfig("default", sets).step_time_s;
   };
   const double nested = step({"schedule.modality=nested"});
   const double no_gangs = step({"schedule.modality=nested", "model.vision.cp_max_group=1"});
