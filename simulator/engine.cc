@@ -173,7 +173,7 @@ class Engine {
       double d = std::max(dur_[j], dur_[partner]);
       Finish(j, start, d);
       Finish(partner, start, d);
-      Enqueue(t_.rank(partner));
+      Enqueue(t_.peer(j));  // the partner's rank (IndexForEngine checks it)
     }
   }
 
@@ -261,6 +261,8 @@ StatusOr<EngineIndex> IndexForEngine(const Table& t) {
     if (!IsRecv(t.kind(i))) continue;
     const OpId s = t.send_of(i);
     if (s == kNone) return InvalidPlan(fmt::format("{}: has no matching SEND", t.str(i)));
+    if (t.peer(i) != t.rank(s) || t.peer(s) != t.rank(i))
+      return InvalidPlan(fmt::format("{}: its SEND {} names another rank", t.str(i), t.str(s)));
     ix.partner[s] = i, ix.partner[i] = s;
   }
   // Instances by (group, tag), numbered in order of their first op; members in op order.

@@ -135,6 +135,20 @@ TEST_CASE("critical path ends at the last op and starts at time zero") {
   CHECK(path.size() > 16);
 }
 
+TEST_CASE("the engine's index refuses a RECV whose SEND goes to another rank") {
+  // r0's SEND goes to r2 (paired with r2's RECV); r1's RECV is made to depend on it too.
+  std::vector<std::vector<std::string>> ops = {
+      {"r0 SEND_F c0 m0 ->r2"}, {"r1 RECV_F c0 m0 <-r0"}, {"r2 RECV_F c0 m0 <-r0"}};
+  const Table base = TableFromOps(ops, 3, 1, 1);
+  REQUIRE_FALSE(IndexForEngine(base).ok());  // r1's RECV has no SEND at all
+  const Table t = WithDep(base, 1, 0);
+  REQUIRE(t.send_of(1) == 0);
+  auto index = IndexForEngine(t);
+  REQUIRE_FALSE(index.ok());
+  CHECK(index.status().message() ==
+        "r1 RECV_F c0 m0 <-r0: its SEND r0 SEND_F c0 m0 ->r2 names another rank");
+}
+
 TEST_CASE("a plan without one module: its ops are absent, nothing waits behind or for them") {
   // Two replicas of one stage. r0 runs an encoder forward between its text forwards that
   // (by an explicit dependency) waits for r1's second forward, which ends at 2 s.
