@@ -4,11 +4,16 @@
 For each binary, each point (config x schedule x micro-batch count) is simulated under
 `decoupled`, `nested`, `bubble-fill` and `optimus`; the points where every policy builds
 are counted where `nested` is slower than `decoupled` or `optimus` and where `bubble-fill`
-is slower than `nested` (with the worst ratio). Given two binaries (before, after), it
-also prints each policy's step ratio after / before: geometric mean, best and worst.
+is slower than `nested` (with the worst ratio). Plans that fit the device memory come
+before those that do not, as the planner compares them: a slower plan that fits where the
+other does not is no loss, and one out of memory where the other fits is counted apart.
+Given two binaries (before, after), it also prints each policy's step ratio after /
+before: geometric mean, best and worst.
 
     scripts/policy_grid.py --bin OLD --bin NEW [--schedules 1f1b,interleaved-1f1b,zb-h1]
     scripts/policy_grid.py --bin build/pipeplan --list    also lists the points that lose
+    scripts/policy_grid.py --bin build/pipeplan --seeds 2,3,4,5,6
+        each point with the images of these data seeds instead of the config's own
 """
 import argparse
 import json
@@ -27,14 +32,17 @@ VIRTUAL = {"interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev"}  # need vp 
 LOSSES = (("nested", "decoupled"), ("nested", "optimus"), ("bubble-fill", "nested"))
 
 
-def points(schedules):
+def points(schedules, seeds):
     for config, counts in CONFIGS:
         for schedule in schedules:
             for m in counts:
-                sets = [f"training.microbatches={m}", f"schedule.pipeline={schedule}"]
-                if schedule in VIRTUAL:
-                    sets.append("parallelism.vp=2")
-                yield config, tuple(sets)
+                for seed in seeds:
+                    sets = [f"training.microbatches={m}", f"schedule.pipeline={schedule}"]
+                    if schedule in VIRTUAL:
+                        sets.append("parallelism.vp=2")
+                    if seed is not None:
+                        sets.append(f"data.seed={seed}")
+                    yield config, tuple(sets)
 
 
 def step(binary, config, sets, policy):
@@ -43,7 +51,10 @@ def step(binary, config, sets, policy):
     for s in sets:
         args += ["--set", s]
     out = subprocess.run(args, capture_output=True, text=True)
-    return json.loads(out.stdout)["step_time_s"] if out.returncode == 0 else None
+    if out.returncode != 0:
+        return None
+    d = json.loads(out.stdout)
+    return d["oom"], d["step_time_s"]  # compared as the planner does: fitting first
 
 
 def main():
@@ -51,11 +62,13 @@ def main():
     p.add_argument("--bin", action="append", required=True, help="pipeplan binary (1 or 2)")
     p.add_argument("--schedules", default="1f1b,interleaved-1f1b,zb-h1")
     p.add_argument("--list", action="store_true", help="list the points that lose")
+    p.add_argument("--seeds", help="data seeds, comma-separated (default: the config's)")
     p.add_argument("--jobs", type=int, default=2)
     a = p.parse_args()
     if len(a.bin) > 2:
         sys.exit("policy_grid.py: at most two binaries (before, after)")
-    grid = list(points(a.schedules.split(",")))
+    seeds = [int(x) for x in a.seeds.split(",")] if a.seeds else [None]
+    grid = list(points(a.schedules.split(","), seeds))
     jobs = [(b, c, s, pol) for b in a.bin for c, s in grid for pol in POLICIES]
     with ThreadPoolExecutor(a.jobs) as pool:
         steps = dict(zip(jobs, pool.map(lambda j: step(*j), jobs)))
@@ -64,16 +77,23 @@ def main():
     for b in a.bin:
         print(f"{b}: {len(built)} points where every policy builds")
         for slow, fast in LOSSES:
-            lost = [(steps[(b, c, s, slow)] / steps[(b, c, s, fast)] - 1, c, s)
+            lost = [(steps[(b, c, s, slow)][1] / steps[(b, c, s, fast)][1] - 1, c, s)
                     for c, s in built if steps[(b, c, s, slow)] > steps[(b, c, s, fast)]]
-            worst = max(lost)[0] if lost else 0
-            print(f"  {slow} slower than {fast}: {len(lost)} points, worst {100 * worst:.2f} %")
-            for loss, c, s in sorted(lost, reverse=True) if a.list else []:
+            # Out of memory where the other fits: a loss whatever the step.
+            oom = [(c, s) for c, s in built
+                   if steps[(b, c, s, slow)][0] and not steps[(b, c, s, fast)][0]]
+            slower = [x for x in lost if (x[1], x[2]) not in oom]
+            worst = max(slower)[0] if slower else 0
+            print(f"  {slow} slower than {fast}: {len(slower)} points, worst {100 * worst:.2f} %"
+                  f"; out of memory where {fast} fits: {len(oom)}")
+            for loss, c, s in sorted(slower, reverse=True) if a.list else []:
                 print(f"    {100 * loss:5.2f} %  {c} {' '.join(s)}")
+            for c, s in oom if a.list else []:
+                print(f"    out of memory  {c} {' '.join(s)}")
     if len(a.bin) == 2:
         old, new = a.bin
         for pol in POLICIES:
-            r = [steps[(new, c, s, pol)] / steps[(old, c, s, pol)] for c, s in built]
+            r = [steps[(new, c, s, pol)][1] / steps[(old, c, s, pol)][1] for c, s in built]
             geo = math.exp(sum(map(math.log, r)) / len(r))
             print(f"{pol}: after / before, geometric mean {geo:.4f}, "
                   f"best {min(r):.3f}, worst {max(r):.3f}")
