@@ -851,9 +851,9 @@ TEST_CASE("the search tries smaller gangs: a gang over every stage can idle the 
   // configs/default.yaml with the images of data seed 162 (8 micro-batches, 1F1B; 8 GPUs,
   // 2 per stage): K3's rule makes gangs of up to 8 GPUs, which span all four stages. Each
   // stage reaches such a gang between its own text ops, a round apart from the next, so
-  // the members wait: nested took 1.057 s against decoupled's 0.951 s.
-  // With K3's rule also tried at each halving of the largest sub-group, nested keeps gangs
-  // of at most 2 GPUs (one stage's) and takes 0.942 s.
+  // the members wait: nested took 1.057 s against decoupled's 0.951 s. With K3's rule also
+  // tried at each halving of the largest sub-group, nested keeps gangs of at most 2 GPUs
+  // (one stage's) and takes 0.942 s.
   std::map<std::string, Metrics> by;
   for (std::string policy : {"decoupled", "nested", "bubble-fill", "optimus"})
     by[policy] = SimulatedConfig("default", {"data.seed=162", "schedule.modality=" + policy});
