@@ -132,6 +132,7 @@ class Pass {
   void Post(int r, int gang);
   int PickForward(int r, double t, double gap, bool any_window = false, bool solo = false);
   int PickBackward(int r, double t, double gap);
+  int WaitedGang(int r, double t) const;
   int Steal(int r, double t, double gap);
   // Between the two ops of an overlapped pair (dualpipev's F and B run as one unit).
   bool InsidePair(int r) const {
@@ -403,6 +404,28 @@ int Pass::PickBackward(int r, double t, double gap) {
   if (q.empty() || q.top().first > t) return kNone;
   const int task = q.top().second;
   return NextBackward(task) <= gap ? task : kNone;
+}
+
+// Once r's text is done: a released gang backward of r whose other members are all free
+// at t (not waiting in another gang), the earliest released (then the lowest task); kNone
+// if none. It runs before r's own backwards, which would otherwise go first when released
+// earlier: the members then idle until each of r's own pieces ends (the last micro-batch's
+// backward, cut into pieces, is the step's tail).
+int Pass::WaitedGang(int r, double t) const {
+  int best = kNone;
+  double best_release = 0;
+  for (const auto& [release, task] : released_[r].items()) {
+    const int g = jobs_[task].gang;
+    if (release > t || g == kNone || BackwardDone(task)) continue;
+    bool free = true;
+    for (int other : gangs_[g + 1].tasks) {
+      const int q = jobs_[other].rank;
+      free = free && free_[q] <= t && posted_[q] == kNone;
+    }
+    if (free && (best == kNone || std::pair{release, task} < std::pair{best_release, best}))
+      best = task, best_release = release;
+  }
+  return best;
 }
 
 int Pass::Steal(int r, double t, double gap) {
@@ -703,6 +726,7 @@ bool Pass::Decide(int r) {
   }
   // A gap before the next text op (or the text is done): fill it.
   const double gap = text_left ? ready - t : kInf;
+  if (!text_left && BackwardPhase(r) && try_run(WaitedGang(r, t), true)) return true;
   if (BackwardPhase(r) && try_run(PickBackward(r, t, gap), true)) return true;
   if (ForwardPhase(r) && try_run(PickForward(r, t, gap), false)) return true;
   if (rules_.steal && text_left && try_run(Steal(r, t, gap), false)) return true;
