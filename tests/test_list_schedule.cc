@@ -871,7 +871,7 @@ TEST_CASE("the search tries smaller gangs: a gang over every stage can idle the 
   CHECK(largest < 8);
 }
 
-TEST_CASE("once its text is done, a rank runs a gang's backward before its own, not between its pieces") {
+TEST_CASE("a rank whose text is done runs a waiting gang's backward before its own") {
   // configs/default.yaml with the images of data seed 2 under interleaved ZB (vp 2), 8
   // micro-batches: the last micro-batch's backward is a gang of 4 ranks cut into 24 pieces,
   // the step's tail. Two of its ranks had backwards of their own released earlier, and ran
