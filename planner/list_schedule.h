@@ -35,6 +35,9 @@
 //   follow when they reach that text position;
 // - own first: before a rank posts a forward gang it follows, it runs a piece of a forward
 //   of its own that is due earlier;
+// - gangs first at the tail: once its text is done, a rank runs a released gang backward
+//   whose other ranks are all free before its own backwards (they would idle a piece at a
+//   time behind them);
 // - text first: a rank whose next text op is ready leaves a gang it would start or follow
 //   for later (and decides as if it were not there) if the gang's other ranks are busy
 //   until that op ends (and, to start one, are already at the rank's next text position,
