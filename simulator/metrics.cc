@@ -148,7 +148,10 @@ Metrics ComputeMetrics(const Table& t, const EngineIndex& index, const Timeline&
     m.world_gpus += t.ranks()[r].gpus;
     double copies = 0;
     for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i) {
-      if (IsBusy(t.kind(i))) rm.busy_s += dur[i];
+      if (IsBusy(t.kind(i))) {
+        rm.busy_s += dur[i];
+        rm.busy_by_module[static_cast<int>(t.module(i))] += dur[i];
+      }
       if (IsCopy(t.kind(i))) copies += dur[i];
       m.model_flops += t.work(i).model_flops;
     }
@@ -208,15 +211,18 @@ Metrics ComputeMetrics(const Table& t, const EngineIndex& index, const Timeline&
 nlohmann::json MetricsJson(const Metrics& m) {
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankMetrics& r : m.ranks) {
-    nlohmann::json by_module;
+    nlohmann::json by_module, busy;
     for (int k = 0; k < 3; ++k)
       by_module[std::string(ModuleName(static_cast<Module>(k)))] = r.peak_by_module[k];
+    for (int k = 0; k < kNumModules; ++k)
+      busy[std::string(ModuleName(static_cast<Module>(k)))] = r.busy_by_module[k];
     nlohmann::json at_peak;
     for (int c = 0; c < kNumMemCats; ++c) at_peak[MemCatName(c)] = r.at_peak[c];
     ranks.push_back({{"rank", r.rank},
                      {"pp", r.pp},
                      {"dp", r.dp},
                      {"busy_s", r.busy_s},
+                     {"busy_by_module_s", busy},
                      {"idle_s", r.idle_s},
                      {"bubble_fraction", r.bubble_fraction},
                      {"peak_memory_bytes", r.peak_memory_bytes},

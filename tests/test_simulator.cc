@@ -178,3 +178,29 @@ TEST_CASE("a plan without one module: its ops are absent, nothing waits behind o
   REQUIRE(no_gen.ok());
   CHECK(no_gen->Makespan() == doctest::Approx(4));
 }
+
+TEST_CASE("busy seconds per module: each rank's busy time split by the module of its ops") {
+  // Two replicas of one stage: r0 runs text 1 s, an encoder forward 0.5 s and backward 1.5 s
+  // and an optimizer step 0.25 s; r1 text 2 s. A transfer is not busy time.
+  std::vector<std::vector<std::string>> ops = {
+      {"r0 F c0 m0", "r0 vision.F m0 t0", "r0 vision.B m0 t0", "r0 OPT_STEP"},
+      {"r1 F c0 m0", "r1 F c0 m1"}};
+  const Table t = TableFromOps(ops, 1, 1, 2);
+  const std::vector<double> dur = {1, 0.5, 1.5, 0.25, 1, 1};
+  auto index = IndexForEngine(t);
+  REQUIRE(index.ok());
+  auto tl = Simulate(t, dur, *index);
+  REQUIRE(tl.ok());
+  const Metrics m = ComputeMetrics(t, *index, *tl, dur, {}, CostModel::Unit(), 0);
+  REQUIRE(m.ranks.size() == 2);
+  const auto& r0 = m.ranks[0].busy_by_module;
+  CHECK(r0[static_cast<int>(Module::kText)] == 1);
+  CHECK(r0[static_cast<int>(Module::kVision)] == 2);
+  CHECK(r0[static_cast<int>(Module::kOptimizer)] == 0.25);
+  CHECK(m.ranks[0].busy_s == 3.25);
+  CHECK(m.ranks[1].busy_by_module[static_cast<int>(Module::kText)] == 2);
+  CHECK(m.ranks[1].busy_by_module[static_cast<int>(Module::kVision)] == 0);
+  const nlohmann::json j = MetricsJson(m);
+  CHECK(j["ranks"][0]["busy_by_module_s"]["vision"] == 2.0);
+  CHECK(j["ranks"][1]["busy_by_module_s"]["text"] == 2.0);
+}
