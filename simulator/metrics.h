@@ -16,7 +16,7 @@ namespace pipeplan {
 
 struct RankMetrics {
   int32_t rank = 0, pp = 0, dp = 0;
-  double busy_s = 0;             // compute time (F/B/I/W/recompute/optimizer), s
+  double busy_s = 0;  // compute time (F/B/I/W/recompute/optimizer), s
   std::array<double, kNumModules> busy_by_module{};  // busy_s per module, s
   double idle_s = 0;             // step time - busy, s (waiting and communication)
   double bubble_fraction = 0;    // idle / step time
