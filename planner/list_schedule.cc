@@ -20,7 +20,8 @@ namespace {
 constexpr double kUnknown = -1;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int kNone = -1;
-constexpr int kScan = 16;  // forwards looked at per decision (earliest deadlines first)
+constexpr int kScan = 16;      // forwards looked at per decision (earliest deadlines first)
+constexpr int kTailMoves = 8;  // images moved off the step's tail (ListRules::move_tail)
 
 // Where and when one op of a piece was placed.
 struct Slot {
@@ -36,9 +37,11 @@ class Pass {
  public:
   // `deadline`: per (d * m + mb), predicted start of the consumer's text F(0, mb);
   // empty = a text-only pass.
+  // `moved`: per vision task, the rank it runs on instead of its own (kNone: its own);
+  // null = none moved.
   Pass(const ListInput& in, const ModalityWork& w, const ListRules& rules,
-       const std::vector<double>& deadline)
-      : in_(in), w_(w), rules_(rules), s_(in.shape), deadline_(deadline) {}
+       const std::vector<double>& deadline, const std::vector<int>* moved = nullptr)
+      : in_(in), w_(w), rules_(rules), s_(in.shape), deadline_(deadline), moved_to_(moved) {}
 
   // Stops once a rank's clock passes `cutoff` (the makespan is then +inf).
   Status Run(double cutoff = kInf);
@@ -56,6 +59,11 @@ class Pass {
   // Per rank, its text order as run (W passes pulled into gaps moved there); empty when
   // no W moved.
   std::vector<StageOrder> RankOrders() const;
+  // The step's last op where it is the backward of a whole image (not a gang's shard), and
+  // the rank that could end that backward first by this pass's times: the rank free
+  // earliest at or after the gradient's return, its backward run from then ({kNone, kNone}
+  // where the step ends otherwise or no other rank would end it sooner).
+  std::pair<int, int> TailMove() const;
 
  private:
   // A task runs as pieces (layer groups): forwards first to last, backwards last to first.
@@ -200,6 +208,7 @@ class Pass {
   const ListRules& rules_;
   const PipelineShape s_;
   const std::vector<double>& deadline_;
+  const std::vector<int>* moved_to_;
   std::vector<std::vector<int>> pos_of_;  // per stage: (chunk, mb, kind) -> position
   std::vector<std::vector<int>> w_pos_;   // per stage: positions of its W passes
   std::vector<int> pos_;
@@ -259,6 +268,7 @@ class Pass {
   std::set<int> followers_;                   // ranks with gangs to follow (follow_ not empty)
   std::vector<int> first_b_, last_f_;         // per stage: text positions
   std::vector<double> alive_;                 // per rank: encoder activation bytes held
+  std::vector<double> peak_alive_;            // ... and their peak so far
   std::vector<int> stage_, replica_;          // per rank
   std::vector<std::vector<TextLink>> links_;  // per stage, per text position
 };
@@ -499,6 +509,7 @@ double Pass::RunForward(int task, int r, double start) {
   if (job.f_next == 0) stealable_.erase({NextForward(task), task});
   const double dur = NextForward(task);
   alive_[r] += PieceBytes(task, job.f_next);
+  peak_alive_[r] = std::max(peak_alive_[r], alive_[r]);
   job.slots[job.f_next++].f = {start, pos_[r]};
   if (ForwardDone(task)) {
     const size_t k = static_cast<size_t>(v.d) * s_.m + v.mb;
@@ -840,9 +851,9 @@ Status Pass::Run(double cutoff) {
       const size_t k = static_cast<size_t>(v.d) * s_.m + v.mb;
       consumer_tasks_[fill[k]++] = static_cast<int>(i);
       ++outstanding_[k];
-      jobs_[i].rank = v.rank;
+      jobs_[i].rank = moved_to_ && (*moved_to_)[i] != kNone ? (*moved_to_)[i] : v.rank;
       jobs_[i].slots.resize(Pieces(static_cast<int>(i)));
-      forwards_[v.rank].push_back(static_cast<int>(i));
+      forwards_[jobs_[i].rank].push_back(static_cast<int>(i));
       if (v.shard < 0 && rules_.steal)
         stealable_.insert({NextForward(static_cast<int>(i)), static_cast<int>(i)});
     }
@@ -885,6 +896,7 @@ Status Pass::Run(double cutoff) {
     std::stable_sort(forwards_[r].begin(), forwards_[r].end(),
                      [&](int a, int b) { return Deadline(a) < Deadline(b); });
   alive_.assign(R, 0.0);
+  peak_alive_.assign(R, 0.0);
   first_b_.assign(s_.pp, 0), last_f_.assign(s_.pp, 0);
   for (int st = 0; st < s_.pp; ++st) {
     const auto& order = in_.orders[st];
@@ -1033,6 +1045,33 @@ std::vector<VisionPlacement> Pass::Placements() const {
     out.push_back(std::move(p));
   }
   return out;
+}
+
+std::pair<int, int> Pass::TailMove() const {
+  int tail = kNone;
+  double end = -kInf;
+  for (size_t i = 0; i < jobs_.size(); ++i) {
+    const Job& j = jobs_[i];
+    if (j.gang != kNone || j.slots.empty() || !BackwardDone(static_cast<int>(i))) continue;
+    const int task = static_cast<int>(i);
+    const double e = j.slots[0].b.at + in_.vb_s[task] * Share(task, 0, 1);
+    if (e > end) tail = task, end = e;
+  }
+  if (tail == kNone || end < makespan_) return {kNone, kNone};
+  const Job& j = jobs_[tail];
+  const double work = in_.vb_s[tail];
+  int to = kNone;
+  double best = end;
+  const double bytes = in_.bytes.empty() ? 0 : in_.bytes[tail];
+  for (int r = 0; r < static_cast<int>(free_.size()); ++r) {
+    const double at = std::max(j.release, free_[r]) + work;
+    // The image's activations on top of the rank's peak stay within its budget and room.
+    const double held = peak_alive_[r] + bytes;
+    const bool fits = (rules_.memory_budget_bytes <= 0 || held <= rules_.memory_budget_bytes) &&
+                      (rules_.memory_room_bytes.empty() || held <= rules_.memory_room_bytes[r]);
+    if (r != j.rank && at < best && fits) to = r, best = at;
+  }
+  return {to == kNone ? kNone : tail, to};
 }
 
 TextTimeline Pass::Timeline() const {
@@ -1186,12 +1225,16 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
   best.first_pass_s.assign(alternatives.size(), kInf);
   size_t best_index = alternatives.size();
   std::vector<uint8_t> window_bound(alternatives.size(), 0);
+  // The winner's best pass: its deadlines and the move of its tail (Pass::TailMove).
+  std::vector<double> best_deadline;
+  std::pair<int, int> best_tail{kNone, kNone};
   std::mutex mu;
   auto run = [&](size_t a) -> Status {
     const ListRules& rules = alternatives[a];
     ListResult mine;
     mine.makespan_s = kInf;
-    std::vector<double> deadline = text.due;
+    std::vector<double> deadline = text.due, mine_deadline;
+    std::pair<int, int> mine_tail{kNone, kNone};
     double last = kInf;
     bool room_bound = false;
     for (int k = 0; k < std::max(1, rules.passes); ++k) {
@@ -1208,6 +1251,7 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
         mine.vision = p.Placements();
         mine.generator = p.GeneratorPlacements();
         mine.rank_orders = p.RankOrders();
+        if (rules.move_tail) mine_deadline = deadline, mine_tail = p.TailMove();
       }
       deadline = p.ConsumerStarts();
     }
@@ -1222,6 +1266,7 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
       best.vision = std::move(mine.vision);
       best.generator = std::move(mine.generator);
       best.rank_orders = std::move(mine.rank_orders);
+      best_deadline = std::move(mine_deadline), best_tail = mine_tail;
     }
     return Status::Ok();
   };
@@ -1233,6 +1278,29 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
   }
   const auto acted = [&](size_t a) { return window_bound[a] != 0; };
   RETURN_IF_ERROR(RunTwins(twin, run, acted, false).status());
+  // ListRules::move_tail: where the winner's step ends with one image's backward, the
+  // image moves to the rank that could end that backward first (its forward with it), and
+  // the pass runs again with the same deadlines. Moves go on while the makespan does not
+  // grow (images of several replicas can end together: each move takes one off the tail);
+  // the shortest pass is kept.
+  std::vector<int> moved;
+  double now = best.makespan_s;
+  for (int k = 0; k < kTailMoves && best_tail.first != kNone; ++k) {
+    moved.resize(w.vision.size(), kNone);
+    moved[best_tail.first] = best_tail.second;
+    Pass p(in, w, alternatives[best_index], best_deadline, &moved);
+    RETURN_IF_ERROR(p.Run());
+    ++best.passes;
+    if (p.makespan() > now) break;
+    now = p.makespan();
+    best_tail = p.TailMove();
+    if (!(now < best.makespan_s)) continue;
+    best.tail_moves = k + 1;
+    best.makespan_s = now;
+    best.vision = p.Placements();
+    best.generator = p.GeneratorPlacements();
+    best.rank_orders = p.RankOrders();
+  }
   best.text_makespan_s = text.end;
   best.alternative = static_cast<int>(best_index);
   return best;

@@ -47,7 +47,8 @@
 // - a generator split over its replica's ranks is a gang released by the last stage's text
 //   F, whose text B waits for it (its ranks post it at their next decision).
 // Deadlines come from the previous pass's consumer times (pass 0 has no vision work);
-// passes repeat while the makespan improves, up to ListRules::passes. Cost per pass:
+// passes repeat while the makespan improves, up to ListRules::passes; then, with
+// ListRules::move_tail, images move off the step's tail (up to 8 more passes). Cost per pass:
 // O((ops + tasks) log ranks).
 #pragma once
 
@@ -77,6 +78,12 @@ struct ListRules {
   // A gang that is not urgent starts only in a gap of every one of its ranks (else in the
   // gap of the rank that starts it, the others following at once).
   bool fill_gangs = false;
+  // Where the best pass's step ends with the backward of a whole image (not a gang's
+  // shard), the image moves to the rank that could end that backward first by the pass's
+  // times (the rank free earliest once the gradient is back; its forward moves too) and
+  // the pass runs again, while that does not lengthen the step; the shortest pass is kept
+  // (bubble-fill).
+  bool move_tail = false;
   int passes = 4;
   bool operator==(const ListRules&) const = default;
 };
@@ -121,6 +128,7 @@ struct ListResult {
   double makespan_s = 0;       // predicted end of the last text or vision op
   double text_makespan_s = 0;  // the same without vision work (pass 0)
   int passes = 0;              // passes run
+  int tail_moves = 0;          // images moved off the tail (ListRules::move_tail) and kept
   // Per alternative: its best makespan (+inf where it did not run: a repeat, or a twin
   // without windows whose windows never acted), and whether the memory room bound it.
   std::vector<double> alternative_s;

@@ -310,7 +310,7 @@ std::vector<ListRules> NestedProbes(const Config& c, const ListInput& in) {
 // without starting gangs only in common gaps. Bubble-fill's sets keep every rank's encoder
 // activations within `room` (EncoderRoom).
 std::vector<ListRules> Alternatives(const Config& c, ModalityPolicy policy, const ListInput& in,
-                                    const std::vector<double>& room) {
+                                    const std::vector<double>& room, bool move_tail) {
   std::vector<ListRules> all{RulesOf(c, policy, in)};
   if (policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill) {
     const std::vector<ListRules> nested = NestedAlternatives(c, in);
@@ -322,7 +322,7 @@ std::vector<ListRules> Alternatives(const Config& c, ModalityPolicy policy, cons
   all.push_back(own);
   own.steal = true, own.fill_gangs = false;
   all.push_back(own);
-  for (ListRules& r : all) r.memory_room_bytes = room;
+  for (ListRules& r : all) r.memory_room_bytes = room, r.move_tail = move_tail;
   return all;
 }
 
@@ -334,9 +334,9 @@ std::vector<ListRules> Alternatives(const Config& c, ModalityPolicy policy, cons
 // `nested_kept`: the placement kept is nested's own (one of those runs, the room idle).
 StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const ListInput& in,
                                  const ModalityWork& w, const TextTimeline& text,
-                                 const std::vector<double>& room, double* nested_s = nullptr,
-                                 bool* nested_kept = nullptr) {
-  const std::vector<ListRules> all = Alternatives(c, policy, in, room);
+                                 const std::vector<double>& room, bool move_tail,
+                                 double* nested_s = nullptr, bool* nested_kept = nullptr) {
+  const std::vector<ListRules> all = Alternatives(c, policy, in, room, move_tail);
   if (policy != ModalityPolicy::kBubbleFill) return ScheduleModality(in, w, all, text);
   ASSIGN_OR_RETURN(ListResult placed, ScheduleModality(in, w, all, text));
   if (nested_s) {
@@ -344,7 +344,7 @@ StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const L
     const auto first = placed.room_bound.begin() + 1, last = first + nested.size();
     const bool idle = std::none_of(first, last, [](uint8_t b) { return b != 0; });
     if (nested_kept)
-      *nested_kept = idle && placed.alternative >= 1 &&
+      *nested_kept = idle && placed.tail_moves == 0 && placed.alternative >= 1 &&
                      placed.alternative < 1 + static_cast<int>(nested.size());
     if (idle) {
       const auto s = placed.alternative_s.begin() + 1;
@@ -487,6 +487,8 @@ struct PlanHooks {
   bool* nested_close = nullptr;          // see AddModality
   TextTimeline* text_cache = nullptr;    // the text-only timeline of earlier steps, or empty
   PlanShare::Impl* share = nullptr;
+  bool tail_moves = true;      // bubble-fill may move images off the tail (ListRules::move_tail)
+  bool* tail_moved = nullptr;  // receives whether the placement kept moved any
 };
 
 // The list scheduler's predictions of two placements can be misordered by this much (over
@@ -644,6 +646,9 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         ListResult placed;
         bool nested_kept = false;
         double nested_s = 0;
+        // Not with host copies: they are placed by the compute ops' times in the same plan
+        // without them, whose room differs, and so could its moves.
+        const bool tail_moves = h.tail_moves && !OffloadsAny(c);
         if (hint) {  // the sizing and rule set given: no search
           if (hint->sizing < 0 || hint->sizing > timed_sizing)
             return Internal("a modality choice of another plan");
@@ -653,15 +658,16 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
             ASSIGN_OR_RETURN(w, sized_work(hint->sizing));
           }
           if (hint->sizing > 0) in = input_of(w);
-          const std::vector<ListRules> all = Alternatives(c, policy, in, room_for(in));
+          const std::vector<ListRules> all =
+              Alternatives(c, policy, in, room_for(in), hint->tail_moves && !OffloadsAny(c));
           if (hint->rules < 0 || hint->rules >= static_cast<int>(all.size()))
             return Internal("a modality choice of another plan");
           ASSIGN_OR_RETURN(placed, ScheduleModality(in, w, {all[hint->rules]}, tl));
           if (h.chosen) *h.chosen = *hint;
         } else {
           const std::vector<double> room = room_for(in);
-          ASSIGN_OR_RETURN(placed,
-                           PlaceListed(c, policy, in, w, tl, room, &nested_s, &nested_kept));
+          ASSIGN_OR_RETURN(
+              placed, PlaceListed(c, policy, in, w, tl, room, tail_moves, &nested_s, &nested_kept));
           int sizing_kept = 0;
           const bool bubble = policy == ModalityPolicy::kBubbleFill;
           constexpr double kNever = std::numeric_limits<double>::infinity();
@@ -676,7 +682,7 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
           // (a windowless twin that did not run made the same decisions as its twin).
           double own_best = placed.first_pass_s[0];
           if (policy == ModalityPolicy::kNested) {
-            const std::vector<ListRules> all = Alternatives(c, policy, in, room);
+            const std::vector<ListRules> all = Alternatives(c, policy, in, room, false);
             for (const ListRules& r : NestedProbes(c, in))
               for (size_t k = 0; k < all.size(); ++k)
                 if (all[k] == r) own_best = std::min(own_best, placed.first_pass_s[k]);
@@ -730,8 +736,9 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
             own_best = std::min(own_best, own_probe);
             double other_nested_s = kNever;
             bool other_nested_kept = false;
-            ASSIGN_OR_RETURN(ListResult oplaced, PlaceListed(c, policy, oin, other, tl, oroom,
-                                                             &other_nested_s, &other_nested_kept));
+            ASSIGN_OR_RETURN(ListResult oplaced,
+                             PlaceListed(c, policy, oin, other, tl, oroom, tail_moves,
+                                         &other_nested_s, &other_nested_kept));
             nested_s = std::min(nested_s, other_nested_s);
             if (oplaced.makespan_s < placed.makespan_s) {
               w = std::move(other), in = std::move(oin), placed = std::move(oplaced);
@@ -744,20 +751,24 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
             ModalityWork timed = timed_work();
             ListInput tin = input_of(timed);
             ASSIGN_OR_RETURN(ListResult tplaced,
-                             PlaceListed(c, policy, tin, timed, tl, room_for(tin)));
+                             PlaceListed(c, policy, tin, timed, tl, room_for(tin), tail_moves));
             if (tplaced.makespan_s < placed.makespan_s) {
               w = std::move(timed), in = std::move(tin), placed = std::move(tplaced);
               nested_kept = false, sizing_kept = timed_sizing;
             }
           }
-          if (h.chosen) *h.chosen = {policy, sizing_kept, placed.alternative};
+          if (h.chosen) *h.chosen = {policy, sizing_kept, placed.alternative, tail_moves};
         }
         if (cacheable && !cached) *text_cache = tl;
+        if (h.tail_moved) *h.tail_moved = placed.tail_moves > 0;
         // The placement kept may be nested's rules on one sizing while nested's own search
-        // predicts another sizing faster: then too nested's plan is compared.
+        // predicts another sizing faster: then too nested's plan is compared. So is one
+        // with images moved off the tail (ListRules::move_tail): the move is judged by the
+        // pass's times, and its room check by the encoder's saved bytes alone.
         if (h.nested_close)
           *h.nested_close = !hint && policy == ModalityPolicy::kBubbleFill &&
-                            nested_s < placed.makespan_s * (nested_kept ? 1 : 1 + kListMargin);
+                            (placed.tail_moves > 0 ||
+                             nested_s < placed.makespan_s * (nested_kept ? 1 : 1 + kListMargin));
         // The scheduler's working state (freed, partly in its threads' heaps) goes back
         // before the table is built; for large plans (text compute, SEND and RECV: about
         // three ops per text step).
@@ -918,7 +929,7 @@ StatusOr<Predicted> PredictWithoutOffload(const Config& c) {
   Config k = c;
   k.training.offload = ActPlace::kDevice, k.training.offload_by_rank.clear();
   k.model.vision.offload = k.model.generator.offload = ActPlace::kDevice;
-  ASSIGN_OR_RETURN(const Table t, PlanOnce(k));
+  ASSIGN_OR_RETURN(const Table t, PlanOnce(k, {.tail_moves = false}));  // as c's plan (PlanOnce)
   SimOptions o = SimOptionsFor(k);
   o.exposure = false;
   o.memory_curves = true;
@@ -1492,12 +1503,26 @@ StatusOr<Table> PlanOrdered(const Config& c, PlanShare::Impl* share,
     if (chosen) *chosen = kept;
     return t;
   };
-  bool close = false;
+  bool close = false, moved = false;
   ModalityChoice own_choice;
   ASSIGN_OR_RETURN(Table own, PlanOnce(c, {.chosen = &own_choice,
                                            .nested_close = &close,
                                            .text_cache = text_cache,
-                                           .share = share}));
+                                           .share = share,
+                                           .tail_moved = &moved}));
+  if (moved) {
+    // Images moved off the tail are judged by the list scheduler's times and the encoder's
+    // saved bytes alone: the plan without the moves is simulated too, the better kept.
+    bool unmoved_close = false;
+    ModalityChoice unmoved_choice;
+    ASSIGN_OR_RETURN(Table unmoved, PlanOnce(c, {.chosen = &unmoved_choice,
+                                                 .nested_close = &unmoved_close,
+                                                 .text_cache = text_cache,
+                                                 .share = share,
+                                                 .tail_moves = false}));
+    ASSIGN_OR_RETURN(const bool better, Better(c, own, unmoved));
+    if (better) own = std::move(unmoved), own_choice = unmoved_choice, close = unmoved_close;
+  }
   if (!close) return done(std::move(own), own_choice);
   Config n = c;
   n.schedule.modality = ModalityPolicy::kNested;

@@ -83,6 +83,7 @@ struct ModalityChoice {
   ModalityPolicy policy = ModalityPolicy::kInline;
   int sizing = -1;
   int rules = -1;
+  bool tail_moves = true;  // bubble-fill may move images off the tail (ListRules::move_tail)
   bool operator==(const ModalityChoice&) const = default;
 };
 

@@ -121,6 +121,38 @@ TEST_CASE("list scheduler: a backward waits for its gradient, then fills the coo
   CHECK(r->vision[0].b_at == doctest::Approx(8));
 }
 
+TEST_CASE("list scheduler: move_tail moves the image whose backward ends the step") {
+  // Micro-batch 0's image (forward 0.5 s, backward 3 s) on r0: its forward runs first
+  // (r0's F0 needs it), so the text timeline shifts by 0.5 s: r0 B0 [4.5, 6.5] sends the
+  // gradient back at 6.5, r0's 1 s gap before B1 [7.5, 9.5] is too short for the backward,
+  // which runs last, [9.5, 12.5]. r1's text ends at 7.5 (B1 [5.5, 7.5]): on r1 the backward
+  // runs [7.5, 10.5], the forward [0, 0.5] with the same shift, and the step ends at 10.5.
+  ListInput in = TwoStages();
+  in.vf_s = {0.5}, in.vb_s = {3}, in.out_s = {0};
+  ListRules rules;
+  auto kept = ScheduleModality(in, OneTask(0, 0), rules);
+  REQUIRE_MESSAGE(kept.ok(), kept.status().message());
+  CHECK(kept->makespan_s == doctest::Approx(12.5));
+  CHECK(kept->vision[0].rank == 0);
+  CHECK(kept->vision[0].b_at == doctest::Approx(9.5));
+  CHECK(kept->tail_moves == 0);
+  rules.move_tail = true;
+  auto moved = ScheduleModality(in, OneTask(0, 0), rules);
+  REQUIRE_MESSAGE(moved.ok(), moved.status().message());
+  CHECK(moved->makespan_s == doctest::Approx(10.5));
+  CHECK(moved->vision[0].rank == 1);
+  CHECK(moved->vision[0].f_at == doctest::Approx(0));
+  CHECK(moved->vision[0].b_at == doctest::Approx(7.5));
+  CHECK(moved->tail_moves == 1);
+  // No room on r1 for the image's activations: it stays.
+  in.bytes = {1};
+  rules.memory_room_bytes = {1, 0.5};
+  auto full = ScheduleModality(in, OneTask(0, 0), rules);
+  REQUIRE_MESSAGE(full.ok(), full.status().message());
+  CHECK(full->vision[0].rank == 0);
+  CHECK(full->makespan_s == doctest::Approx(12.5));
+}
+
 TEST_CASE("list scheduler: the shards of a gang start together") {
   // dp = 2, pp = 1: two replicas of one stage; one image split over both ranks.
   ListInput in = TwoReplicas();
@@ -757,6 +789,42 @@ TEST_CASE("bubble-fill is never slower than nested where the list scheduler miso
       step[policy] = r->metrics.step_time_s;
     }
     CHECK(step["bubble-fill"] <= step["nested"]);
+  }
+}
+
+TEST_CASE("bubble-fill is strictly faster where every rank has idle time for its encoder work") {
+  // The generation workload at 4 micro-batches: every rank's idle time without the encoder
+  // exceeds its encoder seconds, and the step ends with a 2048 x 2048 image's backward
+  // (unsplit: cp_max_group 1) on a rank still running its own text when the gradient came
+  // back. Nested leaves it there; bubble-fill moves it to a rank free earlier (move_tail).
+  const std::string file =
+      std::string(PIPEPLAN_SOURCE_DIR) + "/configs/qwen3_30b_a3b_vit_mmdit20b.yaml";
+  for (std::vector<std::string> sets : {std::vector<std::string>{"schedule.pipeline=1f1b"},
+                                        {"schedule.pipeline=interleaved-1f1b", "parallelism.vp=2"},
+                                        {"schedule.pipeline=zb-h1"}}) {
+    CAPTURE(sets[0]);
+    sets.push_back("training.microbatches=4");
+    std::map<std::string, Metrics> m;
+    for (std::string policy : {"nested", "bubble-fill"}) {
+      std::vector<std::string> s = sets;
+      s.push_back("schedule.modality=" + policy);
+      auto c = LoadConfig(file, s);
+      REQUIRE_MESSAGE(c.ok(), c.status().message());
+      Table t = Plan(*c);
+      Status valid = ValidatePlan(t);
+      CHECK_MESSAGE(valid.ok(), valid.message());
+      auto r = RunSimulation(t, SimOptionsFor(*c));
+      REQUIRE_MESSAGE(r.ok(), r.status().message());
+      m[policy] = r->metrics;
+    }
+    const Metrics& nested = m["nested"];
+    const double text_only = nested.step_time_s - nested.vision_exposed_s;
+    for (const RankMetrics& rm : nested.ranks) {
+      const double vision = rm.busy_by_module[static_cast<int>(Module::kVision)];
+      CHECK(text_only - (rm.busy_s - vision) > vision);
+    }
+    CHECK_FALSE(m["bubble-fill"].oom);
+    CHECK(m["bubble-fill"].step_time_s < nested.step_time_s);
   }
 }
 
