@@ -1467,14 +1467,19 @@ StatusOr<Config> WithLevels(const Config& c, const MemoryLevels& m) {
 // rules on one sizing of the images), bubble-fill's plan and nested's are both
 // simulated and the faster is kept, as bubble-fill's plan (a plan that fits the device
 // memory before one that does not; bubble-fill's own on a tie).
-// Whether plan b of c is better than plan a: it fits where a does not, or is faster.
-StatusOr<bool> Better(const Config& c, const Table& a, const Table& b) {
+// How plans of c compare: out of memory after fitting, then the simulated step.
+using Judged = std::pair<bool, double>;
+StatusOr<Judged> Judge(const Config& c, const Table& t) {
   SimOptions o = SimOptionsFor(c);
   o.exposure = false;
-  ASSIGN_OR_RETURN(const SimResult x, RunSimulation(a, o));
-  ASSIGN_OR_RETURN(const SimResult y, RunSimulation(b, o));
-  const auto key = [](const Metrics& m) { return std::pair{m.oom, m.step_time_s}; };
-  return key(y.metrics) < key(x.metrics);
+  ASSIGN_OR_RETURN(const SimResult r, RunSimulation(t, o));
+  return Judged{r.metrics.oom, r.metrics.step_time_s};
+}
+// Whether plan b of c is better than plan a: it fits where a does not, or is faster.
+StatusOr<bool> Better(const Config& c, const Table& a, const Table& b) {
+  ASSIGN_OR_RETURN(const Judged x, Judge(c, a));
+  ASSIGN_OR_RETURN(const Judged y, Judge(c, b));
+  return y < x;
 }
 
 // c's plan with its images placed by `choice` (what a search of c chose), under the
@@ -1510,26 +1515,28 @@ StatusOr<Table> PlanOrdered(const Config& c, PlanShare::Impl* share,
                                            .text_cache = text_cache,
                                            .share = share,
                                            .tail_moved = &moved}));
+  std::optional<Judged> own_judged;  // own's simulation, once
   if (moved) {
     // Images moved off the tail are judged by the list scheduler's times and the encoder's
-    // saved bytes alone: the plan without the moves is simulated too, the better kept.
-    bool unmoved_close = false;
-    ModalityChoice unmoved_choice;
-    ASSIGN_OR_RETURN(Table unmoved, PlanOnce(c, {.chosen = &unmoved_choice,
-                                                 .nested_close = &unmoved_close,
-                                                 .text_cache = text_cache,
-                                                 .share = share,
-                                                 .tail_moves = false}));
-    ASSIGN_OR_RETURN(const bool better, Better(c, own, unmoved));
-    if (better) own = std::move(unmoved), own_choice = unmoved_choice, close = unmoved_close;
+    // saved bytes alone: the same placement without the moves (the sizing and rules the
+    // search chose) is simulated too, the better kept.
+    ModalityChoice unmoved_choice = own_choice;
+    unmoved_choice.tail_moves = false;
+    ASSIGN_OR_RETURN(Table unmoved, PlanChosen(c, unmoved_choice, text_cache, share));
+    ASSIGN_OR_RETURN(own_judged, Judge(c, own));
+    ASSIGN_OR_RETURN(const Judged other, Judge(c, unmoved));
+    if (other < *own_judged) own = std::move(unmoved), own_choice = unmoved_choice, own_judged = other;
   }
   if (!close) return done(std::move(own), own_choice);
   Config n = c;
   n.schedule.modality = ModalityPolicy::kNested;
   ModalityChoice nested_choice;
   ASSIGN_OR_RETURN(Table nested, PlanOrdered(n, share, &nested_choice));
-  ASSIGN_OR_RETURN(const bool better, Better(c, own, nested));
-  if (!better) return done(std::move(own), own_choice);
+  if (!own_judged) {
+    ASSIGN_OR_RETURN(own_judged, Judge(c, own));
+  }
+  ASSIGN_OR_RETURN(const Judged other, Judge(c, nested));
+  if (!(other < *own_judged)) return done(std::move(own), own_choice);
   nested.mutable_meta().modality = own.meta().modality;
   nested.mutable_meta().config_yaml = own.meta().config_yaml;
   return done(std::move(nested), nested_choice);
