@@ -1282,11 +1282,12 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
   // image moves to the rank that could end that backward first (its forward with it), and
   // the pass runs again with the same deadlines. Moves go on while the makespan does not
   // grow (images of several replicas can end together: each move takes one off the tail);
-  // the shortest pass is kept.
-  std::vector<int> moved;
+  // the shortest pass is kept. They stop at a move already made (the image stolen back by
+  // another rank in the pass: the same pass again).
+  std::vector<int> moved(w.vision.size(), kNone);
   double now = best.makespan_s;
   for (int k = 0; k < kTailMoves && best_tail.first != kNone; ++k) {
-    moved.resize(w.vision.size(), kNone);
+    if (moved[best_tail.first] == best_tail.second) break;
     moved[best_tail.first] = best_tail.second;
     Pass p(in, w, alternatives[best_index], best_deadline, &moved);
     RETURN_IF_ERROR(p.Run());
