@@ -1278,33 +1278,41 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
   }
   const auto acted = [&](size_t a) { return window_bound[a] != 0; };
   RETURN_IF_ERROR(RunTwins(twin, run, acted, false).status());
-  // ListRules::move_tail: where the winner's step ends with one image's backward, the
-  // image moves to the rank that could end that backward first (its forward with it), and
-  // the pass runs again with the same deadlines. Moves go on while the makespan does not
-  // grow (images of several replicas can end together: each move takes one off the tail);
-  // the shortest pass is kept. They stop at a move already made (the image stolen back by
-  // another rank in the pass: the same pass again).
-  std::vector<int> moved(w.vision.size(), kNone);
-  double now = best.makespan_s;
-  for (int k = 0; k < kTailMoves && best_tail.first != kNone; ++k) {
-    if (moved[best_tail.first] == best_tail.second) break;
-    moved[best_tail.first] = best_tail.second;
-    Pass p(in, w, alternatives[best_index], best_deadline, &moved);
-    RETURN_IF_ERROR(p.Run());
-    ++best.passes;
-    if (p.makespan() > now) break;
-    now = p.makespan();
-    best_tail = p.TailMove();
-    if (!(now < best.makespan_s)) continue;
-    best.tail_moves = k + 1;
-    best.makespan_s = now;
-    best.vision = p.Placements();
-    best.generator = p.GeneratorPlacements();
-    best.rank_orders = p.RankOrders();
-  }
   best.text_makespan_s = text.end;
   best.alternative = static_cast<int>(best_index);
+  best.tail_deadline = std::move(best_deadline);
+  std::tie(best.tail_task, best.tail_rank) = best_tail;
+  best.unmoved_s = best.makespan_s;
+  if (best_index < alternatives.size() && alternatives[best_index].move_tail)
+    RETURN_IF_ERROR(MoveTail(in, w, alternatives[best_index], &best));
   return best;
+}
+
+Status MoveTail(const ListInput& in, const ModalityWork& w, const ListRules& rules,
+                ListResult* placed) {
+  // Moves go on while the makespan does not grow (images of several replicas can end
+  // together: each move takes one off the tail). They stop at a move already made (the
+  // image stolen back by another rank in the pass: the same pass again).
+  std::vector<int> moved(w.vision.size(), kNone);
+  std::pair<int, int> tail{placed->tail_task, placed->tail_rank};
+  double now = placed->makespan_s;
+  for (int k = 0; k < kTailMoves && tail.first != kNone; ++k) {
+    if (moved[tail.first] == tail.second) break;
+    moved[tail.first] = tail.second;
+    Pass p(in, w, rules, placed->tail_deadline, &moved);
+    RETURN_IF_ERROR(p.Run());
+    ++placed->passes;
+    if (p.makespan() > now) break;
+    now = p.makespan();
+    tail = p.TailMove();
+    if (!(now < placed->makespan_s)) continue;
+    placed->tail_moves = k + 1;
+    placed->makespan_s = now;
+    placed->vision = p.Placements();
+    placed->generator = p.GeneratorPlacements();
+    placed->rank_orders = p.RankOrders();
+  }
+  return Status::Ok();
 }
 
 StatusOr<std::vector<double>> Probe(const std::vector<ListProbe>& probes,

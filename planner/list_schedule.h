@@ -48,7 +48,8 @@
 //   F, whose text B waits for it (its ranks post it at their next decision).
 // Deadlines come from the previous pass's consumer times (pass 0 has no vision work);
 // passes repeat while the makespan improves, up to ListRules::passes; then, with
-// ListRules::move_tail, images move off the step's tail (up to 8 more passes). Cost per pass:
+// ListRules::move_tail, images move off the step's tail (MoveTail: up to 8 more passes).
+// Cost per pass:
 // O((ops + tasks) log ranks).
 #pragma once
 
@@ -129,6 +130,11 @@ struct ListResult {
   double text_makespan_s = 0;  // the same without vision work (pass 0)
   int passes = 0;              // passes run
   int tail_moves = 0;          // images moved off the tail (ListRules::move_tail) and kept
+  // With ListRules::move_tail, where MoveTail starts: the deadlines of the pass kept and its
+  // first move (image, rank; kNone = -1 where the step does not end with a movable image).
+  std::vector<double> tail_deadline;
+  int tail_task = -1, tail_rank = -1;
+  double unmoved_s = 0;  // the makespan before MoveTail
   // Per alternative: its best makespan (+inf where it did not run: a repeat, or a twin
   // without windows whose windows never acted), and whether the memory room bound it.
   std::vector<double> alternative_s;
@@ -137,6 +143,7 @@ struct ListResult {
   int alternative = -1;              // the one kept
 };
 
+// One rule set, from its text-only pass.
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
                                       const ListRules& rules);
 // The text-only pass (no modality work; the rules do not act): its timeline (text ops, and
@@ -148,6 +155,14 @@ StatusOr<TextTimeline> ScheduleText(const ListInput& in);
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
                                       const std::vector<ListRules>& alternatives,
                                       const TextTimeline& text);
+// ListRules::move_tail on a placement ScheduleModality kept (`rules`: its alternative, with
+// move_tail; ScheduleModality runs it where the winner's rules ask for it): where the step
+// ends with one whole image's backward, the image moves to the rank that could end that
+// backward first (its forward with it) and the pass runs again with the same deadlines,
+// while the makespan does not grow (up to 8 moves); the shortest pass replaces the
+// placement (`placed->tail_moves` says how many moves it kept).
+Status MoveTail(const ListInput& in, const ModalityWork& w, const ListRules& rules,
+                ListResult* placed);
 
 // A first pass of one rule set (deadlines from the text-only timeline, as an alternative's
 // first pass in ScheduleModality) whose makespan only matters below `bound`.

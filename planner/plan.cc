@@ -344,7 +344,7 @@ StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const L
     const auto first = placed.room_bound.begin() + 1, last = first + nested.size();
     const bool idle = std::none_of(first, last, [](uint8_t b) { return b != 0; });
     if (nested_kept)
-      *nested_kept = idle && placed.tail_moves == 0 && placed.alternative >= 1 &&
+      *nested_kept = idle && placed.alternative >= 1 &&
                      placed.alternative < 1 + static_cast<int>(nested.size());
     if (idle) {
       const auto s = placed.alternative_s.begin() + 1;
@@ -509,9 +509,9 @@ constexpr double kProbeMargin = 0.05;
 // `h.hint`: the sizing and rule set to place the images with, no search; `h.chosen`
 // receives those the search kept (or the hint). `h.text_cache`: the text-only timeline of
 // earlier steps (see below), or empty. `h.nested_close` (bubble-fill): set when nested's
-// own placement is predicted within kListMargin of the one kept, or faster (its rules
-// without bubble-fill's room). `h.share`: the text-only timeline and the sizings of other
-// list-scheduled policies' plans of the config.
+// own placement is predicted within kListMargin of the one kept before its tail moves, or
+// faster (its rules without bubble-fill's room). `h.share`: the text-only timeline and the sizings
+// of other list-scheduled policies' plans of the config.
 Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch& batch,
                    const std::vector<StageOrder>& orders, const TextWorkload& tw,
                    const TextWorkIds& text_work, const std::vector<RankInfo>& ranks,
@@ -757,18 +757,18 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
               nested_kept = false, sizing_kept = timed_sizing;
             }
           }
+          // The placement kept may be nested's rules on one sizing while nested's own search
+          // predicts another sizing faster: then too nested's plan is compared (by the
+          // prediction before any tail move: a plan with moves is compared with the same
+          // placement without them, PlanOrdered, and that one with nested's where this
+          // says so).
+          if (h.nested_close)
+            *h.nested_close =
+                bubble && nested_s < placed.unmoved_s * (nested_kept ? 1 : 1 + kListMargin);
           if (h.chosen) *h.chosen = {policy, sizing_kept, placed.alternative, tail_moves};
         }
         if (cacheable && !cached) *text_cache = tl;
         if (h.tail_moved) *h.tail_moved = placed.tail_moves > 0;
-        // The placement kept may be nested's rules on one sizing while nested's own search
-        // predicts another sizing faster: then too nested's plan is compared. So is one
-        // with images moved off the tail (ListRules::move_tail): the move is judged by the
-        // pass's times, and its room check by the encoder's saved bytes alone.
-        if (h.nested_close)
-          *h.nested_close = !hint && policy == ModalityPolicy::kBubbleFill &&
-                            (placed.tail_moves > 0 ||
-                             nested_s < placed.makespan_s * (nested_kept ? 1 : 1 + kListMargin));
         // The scheduler's working state (freed, partly in its threads' heaps) goes back
         // before the table is built; for large plans (text compute, SEND and RECV: about
         // three ops per text step).
@@ -1525,7 +1525,8 @@ StatusOr<Table> PlanOrdered(const Config& c, PlanShare::Impl* share,
     ASSIGN_OR_RETURN(Table unmoved, PlanChosen(c, unmoved_choice, text_cache, share));
     ASSIGN_OR_RETURN(own_judged, Judge(c, own));
     ASSIGN_OR_RETURN(const Judged other, Judge(c, unmoved));
-    if (other < *own_judged) own = std::move(unmoved), own_choice = unmoved_choice, own_judged = other;
+    if (other < *own_judged)
+      own = std::move(unmoved), own_choice = unmoved_choice, own_judged = other;
   }
   if (!close) return done(std::move(own), own_choice);
   Config n = c;
