@@ -510,8 +510,8 @@ constexpr double kProbeMargin = 0.05;
 // receives those the search kept (or the hint). `h.text_cache`: the text-only timeline of
 // earlier steps (see below), or empty. `h.nested_close` (bubble-fill): set when nested's
 // own placement is predicted within kListMargin of the one kept before its tail moves, or
-// faster (its rules without bubble-fill's room). `h.share`: the text-only timeline and the sizings
-// of other list-scheduled policies' plans of the config.
+// faster (its rules without bubble-fill's room). `h.share`: the text-only timeline and the
+// sizings of other list-scheduled policies' plans of the config.
 Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch& batch,
                    const std::vector<StageOrder>& orders, const TextWorkload& tw,
                    const TextWorkIds& text_work, const std::vector<RankInfo>& ranks,
