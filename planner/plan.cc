@@ -331,7 +331,8 @@ std::vector<ListRules> Alternatives(const Config& c, ModalityPolicy policy, cons
 // bind). `text`: the text-only pass.
 // `nested_s` (bubble-fill): nested's own predicted step on these images (its alternatives
 // without the room: the same runs where the room never acted, run again where it did);
-// `nested_kept`: the placement kept is nested's own (one of those runs, the room idle).
+// `nested_kept`: the placement kept is nested's own before any tail move (one of those
+// runs, the room idle).
 StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const ListInput& in,
                                  const ModalityWork& w, const TextTimeline& text,
                                  const std::vector<double>& room, bool move_tail,
@@ -510,8 +511,9 @@ constexpr double kProbeMargin = 0.05;
 // receives those the search kept (or the hint). `h.text_cache`: the text-only timeline of
 // earlier steps (see below), or empty. `h.nested_close` (bubble-fill): set when nested's
 // own placement is predicted within kListMargin of the one kept before its tail moves, or
-// faster (its rules without bubble-fill's room). `h.share`: the text-only timeline and the
-// sizings of other list-scheduled policies' plans of the config.
+// faster (its rules without bubble-fill's room); only a search sets it (with `h.hint` it is
+// left as it is). `h.share`: the text-only timeline and the sizings of other
+// list-scheduled policies' plans of the config.
 Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch& batch,
                    const std::vector<StageOrder>& orders, const TextWorkload& tw,
                    const TextWorkIds& text_work, const std::vector<RankInfo>& ranks,

@@ -140,6 +140,7 @@ TEST_CASE("list scheduler: move_tail moves the image whose backward ends the ste
   auto moved = ScheduleModality(in, OneTask(0, 0), rules);
   REQUIRE_MESSAGE(moved.ok(), moved.status().message());
   CHECK(moved->makespan_s == doctest::Approx(10.5));
+  CHECK(moved->unmoved_s == doctest::Approx(12.5));
   CHECK(moved->vision[0].rank == 1);
   CHECK(moved->vision[0].f_at == doctest::Approx(0));
   CHECK(moved->vision[0].b_at == doctest::Approx(7.5));
@@ -844,7 +845,10 @@ TEST_CASE("bubble-fill keeps its placement without tail moves where the moved pl
     REQUIRE_MESSAGE(c.ok(), c.status().message());
     auto planned = Replanner::Start(*c);
     REQUIRE_MESSAGE(planned.ok(), planned.status().message());
-    if (policy == "bubble-fill") CHECK_FALSE(planned->choice().tail_moves);
+    if (policy == "bubble-fill") {  // its own placement, not nested's
+      CHECK(planned->choice().policy == ModalityPolicy::kBubbleFill);
+      CHECK_FALSE(planned->choice().tail_moves);
+    }
     auto r = RunSimulation(planned->first(), SimOptionsFor(*c));
     REQUIRE_MESSAGE(r.ok(), r.status().message());
     m[policy] = r->metrics;
