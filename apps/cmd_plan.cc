@@ -70,16 +70,24 @@ int PlanSteps(const Options& o) {
       if (Status s = SavePlan(*planned, path, format); !s.ok()) return Report(s);
     const std::string images =
         manifest.empty() ? fmt::format("seed {}", seed) : fmt::format("manifest {}", manifest);
+    const ReplanStep& sim = *replanner->last();  // each step simulated (Options::check)
     if (o.json) {
       steps.push_back({{"step", k},
                        {"images", images},
                        {"ops", planned->size()},
                        {"planned_ms", ms},
                        {"searched", k == 0},
+                       {"predicted_step_s", sim.step_s},
+                       {"oom", sim.oom},
+                       {"searched_again", sim.searched},
                        {"output", path}});
     } else {
-      fmt::print(out, "step {} ({}): {} ops, {}, measured {:.1f} ms{}\n", k, images,
-                 planned->size(), k == 0 ? "searched" : "placed with step 0's choices", ms,
+      const std::string how = k == 0 ? "searched"
+                              : sim.searched
+                                  ? "searched again (out of memory with step 0's choices)"
+                                  : "placed with step 0's choices";
+      fmt::print(out, "step {} ({}): {} ops, {}, predicted {:.3f} s{}, measured {:.1f} ms{}\n", k,
+                 images, planned->size(), how, sim.step_s, sim.oom ? " OUT OF MEMORY" : "", ms,
                  path.empty() ? "" : ", wrote " + path);
       std::fflush(out);
     }

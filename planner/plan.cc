@@ -1718,8 +1718,9 @@ StatusOr<Table> BuildPlan(const Config& c, MemoryChoice* choice, PlanShare* shar
   return t;
 }
 
-StatusOr<Replanner> Replanner::Start(const Config& c) {
+StatusOr<Replanner> Replanner::Start(const Config& c, Options options) {
   Replanner r;
+  r.options_ = options;
   r.config_ = c;
   r.text_ = std::make_shared<TextTimeline>();
   PlanShare share(0);
@@ -1729,6 +1730,10 @@ StatusOr<Replanner> Replanner::Start(const Config& c) {
     ASSIGN_OR_RETURN(r.config_, ConfigOfPlan(searched, c.source));
   }
   ASSIGN_OR_RETURN(r.first_, PlanOrdered(r.config_, &share.impl(), &r.choice_, r.text_.get()));
+  if (!options.check) return r;
+  ASSIGN_OR_RETURN(const Judged judged, Judge(r.config_, r.first_));
+  r.first_fits_ = !judged.first;
+  r.last_ = ReplanStep{.step_s = judged.second, .oom = judged.first};
   return r;
 }
 
@@ -1742,8 +1747,28 @@ StatusOr<Table> Replanner::Plan(uint64_t seed, const std::string& manifest) {
     k.data.manifest = manifest;
   }
   k.resolved_yaml = YamlText(doc);
-  if (choice_.sizing < 0) return PlanOnce(k);  // nothing searched for the images
-  return PlanChosen(k, choice_, text_.get(), nullptr);
+  last_.reset();
+  Table t;
+  if (choice_.sizing < 0) {  // nothing searched for the images
+    ASSIGN_OR_RETURN(t, PlanOnce(k));
+  } else {
+    ASSIGN_OR_RETURN(t, PlanChosen(k, choice_, text_.get(), nullptr));
+  }
+  if (!options_.check) return t;
+  ASSIGN_OR_RETURN(Judged judged, Judge(k, t));
+  bool searched = false;
+  // The first step's choices were searched on its own images: on this step's they can run
+  // out of device memory where the first step's plan fits (the list scheduler's room
+  // counts the encoder's saved bytes alone; bubble-fill's moves off the tail are judged by
+  // its times). Then this step's own search (every search of the first step but the
+  // memory modes and the order) is run, and its plan kept where it is better.
+  if (judged.first && first_fits_ && choice_.sizing >= 0) {
+    ASSIGN_OR_RETURN(Table own, PlanOrdered(k, nullptr, nullptr, text_.get()));
+    ASSIGN_OR_RETURN(const Judged o, Judge(k, own));
+    if (o < judged) t = std::move(own), judged = o, searched = true;
+  }
+  last_ = ReplanStep{.step_s = judged.second, .oom = judged.first, .searched = searched};
+  return t;
 }
 
 std::string MemoryModeName(MemoryMode m) {

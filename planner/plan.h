@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "core/table.h"
 #include "planner/config.h"
@@ -119,6 +120,13 @@ class PlanShare {
   std::unique_ptr<Impl> impl_;
 };
 
+// The simulation of a replanned step's plan.
+struct ReplanStep {
+  double step_s = 0;
+  bool oom = false;
+  bool searched = false;  // out of memory with the first step's choices: its own search kept
+};
+
 // Replanning step after step of one config, each step with its own images (`data.seed`).
 // The first step is planned with every search `plan` runs (memory modes under memory:
 // auto, the micro-batch order under auto, the images' sizing and the list scheduler's rule
@@ -126,16 +134,30 @@ class PlanShare {
 // seed, or read from their own manifest) with them without
 // searching: one rule set's passes instead of some tens (a warm start). A step's plan is
 // the plan of the config with the searched modes and order, its seed, and the first step's
-// sizing and rule set: with the first step's seed, the first step's plan.
+// sizing and rule set (checked, where that runs out of device memory: see Plan): with the
+// first step's seed, the first step's plan.
 class Replanner {
  public:
-  static StatusOr<Replanner> Start(const Config& config);
+  struct Options {
+    // Simulate each step's plan and plan it again where it runs out of device memory (see
+    // Plan); without, a step is placed with the first step's choices and not simulated.
+    bool check = true;
+  };
+  static StatusOr<Replanner> Start(const Config& config, Options options);
+  static StatusOr<Replanner> Start(const Config& config) { return Start(config, Options{}); }
   const Table& first() const { return first_; }
   const ModalityChoice& choice() const { return choice_; }
   // The plan of the step whose images are drawn with `seed`, or read from `manifest` where
   // given (`data.manifest`). Not safe to call from two threads at once (it keeps what later
   // steps reuse).
+  // With Options::check, each step's plan is simulated. Where it runs out of device memory
+  // and the first step's plan fits, the step's own search of the images' sizing and rule
+  // sets is run (the first step's memory modes and order kept), and its plan kept where it
+  // fits or is faster.
   StatusOr<Table> Plan(uint64_t seed, const std::string& manifest = "");
+  // With Options::check, the simulation of the last plan returned (the first step's until
+  // Plan is called).
+  const std::optional<ReplanStep>& last() const { return last_; }
 
  private:
   Config config_;  // with the modes and order the search chose
@@ -144,6 +166,9 @@ class Replanner {
   // The text-only timeline of the list scheduler (without a generator it is the same for
   // every step), empty until a step has computed it.
   std::shared_ptr<TextTimeline> text_;
+  Options options_;
+  bool first_fits_ = false;  // whether the first step's plan fits the device memory
+  std::optional<ReplanStep> last_;
 };
 
 // Ranks of a config: (replica d, stage s) -> rank d*pp + s with GPU placement in

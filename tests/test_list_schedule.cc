@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "core/table_io.h"
 #include "helpers.h"
 #include "planner/decision_queue.h"
 #include "planner/list_schedule.h"
@@ -856,6 +857,55 @@ TEST_CASE("bubble-fill keeps its placement without tail moves where the moved pl
   CHECK_FALSE(m["nested"].oom);
   CHECK_FALSE(m["bubble-fill"].oom);
   CHECK(m["bubble-fill"].step_time_s <= m["nested"].step_time_s);
+}
+
+TEST_CASE("replanning: a step that runs out of memory with the first step's choices is searched") {
+  // The generation workload under interleaved 1F1B at 16 micro-batches, close to the
+  // device memory: the first step (data seed 2) fits; placed with its choices, the images
+  // of seed 5 run out of memory, and their own search finds a plan that fits. The checked
+  // replanner keeps that plan (the same plan as the search of seed 5 alone); without the
+  // check the step is the plan that does not fit.
+  const std::string file =
+      std::string(PIPEPLAN_SOURCE_DIR) + "/configs/qwen3_30b_a3b_vit_mmdit20b.yaml";
+  auto config = [&](int seed) {
+    auto c = LoadConfig(
+        file, {"schedule.pipeline=interleaved-1f1b", "parallelism.vp=2", "training.microbatches=16",
+               "schedule.modality=bubble-fill", "data.seed=" + std::to_string(seed)});
+    REQUIRE_MESSAGE(c.ok(), c.status().message());
+    return *c;
+  };
+  auto oom = [&](const Table& t) {
+    auto r = RunSimulation(t, SimOptionsFor(config(2)));
+    REQUIRE_MESSAGE(r.ok(), r.status().message());
+    return r->metrics.oom;
+  };
+  auto checked = Replanner::Start(config(2));
+  auto unchecked = Replanner::Start(config(2), {.check = false});
+  REQUIRE(checked.ok());
+  REQUIRE(unchecked.ok());
+  CHECK_FALSE(oom(checked->first()));
+  REQUIRE(checked->last().has_value());
+  CHECK_FALSE(checked->last()->oom);
+  CHECK_FALSE(unchecked->last().has_value());
+  auto placed = unchecked->Plan(5);
+  auto kept = checked->Plan(5);
+  REQUIRE(placed.ok());
+  REQUIRE(kept.ok());
+  CHECK(oom(*placed));
+  CHECK_FALSE(oom(*kept));
+  REQUIRE(checked->last().has_value());
+  CHECK(checked->last()->searched);
+  CHECK_FALSE(checked->last()->oom);
+  auto own = Replanner::Start(config(5));
+  REQUIRE(own.ok());
+  CHECK(SerializePb(*kept) == SerializePb(own->first()));
+  // A step that fits with the first step's choices is kept as placed.
+  auto fits = checked->Plan(3);
+  auto fits_placed = unchecked->Plan(3);
+  REQUIRE(fits.ok());
+  REQUIRE(fits_placed.ok());
+  CHECK_FALSE(checked->last()->searched);
+  CHECK(SerializePb(*fits) == SerializePb(*fits_placed));
 }
 
 TEST_CASE("nested keeps dynamic CP's gangs only where they make the step shorter") {

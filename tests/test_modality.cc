@@ -785,7 +785,7 @@ TEST_CASE("plan --steps: one plan per step, each with its own manifest, later st
   const RunResult run = RunCli(args);
   REQUIRE_MESSAGE(run.exit_code == 0, run.out);
   CHECK(run.out.find("step 0 (manifest " + dir + "/m0.jsonl)") != std::string::npos);
-  CHECK(run.out.find("searched, measured") != std::string::npos);
+  CHECK(run.out.find("searched, predicted") != std::string::npos);
   CHECK(run.out.find("step 2 (manifest " + dir + "/m2.jsonl)") != std::string::npos);
   CHECK(run.out.find("placed with step 0's choices") != std::string::npos);
   // The library's steps, byte for byte; each plan's config names its own manifest, and the
