@@ -124,7 +124,8 @@ Command MakePlanCommand() {
            "--steps", o->steps,
            "plan this many training steps one after another, each with its own images "
            "(data.seed + step, or --manifests): the first with every search, the later "
-           "ones with the first's choices (a warm start); -o is then a pattern with {step}")
+           "ones with the first's choices (a warm start; each step simulated, and searched again "
+           "where it runs out of memory with them); -o is then a pattern with {step}")
         ->check(CLI::PositiveNumber);
     app->add_option("--manifests", o->manifests,
                     "with --steps: each step's samples from this manifest, a path with {step}");
