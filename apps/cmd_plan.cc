@@ -50,7 +50,7 @@ int PlanSteps(const Options& o) {
   }
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  auto replanner = Replanner::Start(*config);
+  auto replanner = Replanner::Start(*config, {.check = true});
   if (!replanner.ok()) return Report(replanner.status());
   double searched_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   FILE* out = o.output == "-" ? stderr : stdout;
@@ -70,7 +70,7 @@ int PlanSteps(const Options& o) {
       if (Status s = SavePlan(*planned, path, format); !s.ok()) return Report(s);
     const std::string images =
         manifest.empty() ? fmt::format("seed {}", seed) : fmt::format("manifest {}", manifest);
-    const ReplanStep& sim = *replanner->last();  // each step simulated (Options::check)
+    const ReplanStep& sim = *replanner->last();  // each step simulated (check)
     if (o.json) {
       steps.push_back({{"step", k},
                        {"images", images},

@@ -1470,7 +1470,13 @@ StatusOr<Config> WithLevels(const Config& c, const MemoryLevels& m) {
 // simulated and the faster is kept, as bubble-fill's plan (a plan that fits the device
 // memory before one that does not; bubble-fill's own on a tie).
 // How plans of c compare: out of memory after fitting, then the simulated step.
-using Judged = std::pair<bool, double>;
+struct Judged {
+  bool oom = false;
+  double step_s = 0;
+  bool operator<(const Judged& o) const {
+    return std::tie(oom, step_s) < std::tie(o.oom, o.step_s);
+  }
+};
 StatusOr<Judged> Judge(const Config& c, const Table& t) {
   SimOptions o = SimOptionsFor(c);
   o.exposure = false;
@@ -1732,12 +1738,13 @@ StatusOr<Replanner> Replanner::Start(const Config& c, Options options) {
   ASSIGN_OR_RETURN(r.first_, PlanOrdered(r.config_, &share.impl(), &r.choice_, r.text_.get()));
   if (!options.check) return r;
   ASSIGN_OR_RETURN(const Judged judged, Judge(r.config_, r.first_));
-  r.first_fits_ = !judged.first;
-  r.last_ = ReplanStep{.step_s = judged.second, .oom = judged.first};
+  r.first_fits_ = !judged.oom;
+  r.last_ = ReplanStep{.step_s = judged.step_s, .oom = judged.oom};
   return r;
 }
 
 StatusOr<Table> Replanner::Plan(uint64_t seed, const std::string& manifest) {
+  last_.reset();
   ASSIGN_OR_RETURN(YamlDoc doc, YamlDoc::FromString(config_.source, config_.resolved_yaml.str()));
   RETURN_IF_ERROR(doc.ApplySet(fmt::format("data.seed={}", seed)));
   Config k = config_;
@@ -1747,7 +1754,6 @@ StatusOr<Table> Replanner::Plan(uint64_t seed, const std::string& manifest) {
     k.data.manifest = manifest;
   }
   k.resolved_yaml = YamlText(doc);
-  last_.reset();
   Table t;
   if (choice_.sizing < 0) {  // nothing searched for the images
     ASSIGN_OR_RETURN(t, PlanOnce(k));
@@ -1762,12 +1768,12 @@ StatusOr<Table> Replanner::Plan(uint64_t seed, const std::string& manifest) {
   // counts the encoder's saved bytes alone; bubble-fill's moves off the tail are judged by
   // its times). Then this step's own search (every search of the first step but the
   // memory modes and the order) is run, and its plan kept where it is better.
-  if (judged.first && first_fits_ && choice_.sizing >= 0) {
+  if (judged.oom && first_fits_ && choice_.sizing >= 0) {
     ASSIGN_OR_RETURN(Table own, PlanOrdered(k, nullptr, nullptr, text_.get()));
     ASSIGN_OR_RETURN(const Judged o, Judge(k, own));
     if (o < judged) t = std::move(own), judged = o, searched = true;
   }
-  last_ = ReplanStep{.step_s = judged.second, .oom = judged.first, .searched = searched};
+  last_ = ReplanStep{.step_s = judged.step_s, .oom = judged.oom, .searched = searched};
   return t;
 }
 

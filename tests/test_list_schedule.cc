@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <queue>
 #include <random>
 #include <thread>
@@ -891,11 +892,12 @@ TEST_CASE("replanning: a step that runs out of memory with the first step's choi
   auto kept = checked->Plan(5);
   REQUIRE(placed.ok());
   REQUIRE(kept.ok());
-  CHECK(oom(*placed));
+  REQUIRE(oom(*placed));
   CHECK_FALSE(oom(*kept));
   REQUIRE(checked->last().has_value());
   CHECK(checked->last()->searched);
   CHECK_FALSE(checked->last()->oom);
+  const double kept_s = checked->last()->step_s;
   auto own = Replanner::Start(config(5));
   REQUIRE(own.ok());
   CHECK(SerializePb(*kept) == SerializePb(own->first()));
@@ -904,8 +906,29 @@ TEST_CASE("replanning: a step that runs out of memory with the first step's choi
   auto fits_placed = unchecked->Plan(3);
   REQUIRE(fits.ok());
   REQUIRE(fits_placed.ok());
+  CHECK_FALSE(oom(*fits_placed));
+  CHECK_FALSE(checked->last()->oom);
   CHECK_FALSE(checked->last()->searched);
   CHECK(SerializePb(*fits) == SerializePb(*fits_placed));
+  // The first step's seed: the first step's plan.
+  auto again = checked->Plan(2);
+  REQUIRE(again.ok());
+  CHECK(SerializePb(*again) == SerializePb(checked->first()));
+  // `plan --steps` says so: seed 5 is step 3 from seed 2.
+  const RunResult run =
+      RunCli("plan " + file +
+             " --set schedule.pipeline=interleaved-1f1b --set parallelism.vp=2"
+             " --set training.microbatches=16 --set schedule.modality=bubble-fill --set data.seed=2"
+             " --steps 4 --json");
+  REQUIRE_MESSAGE(run.exit_code == 0, run.out);
+  const auto steps = nlohmann::json::parse(run.out)["steps"];
+  REQUIRE(steps.size() == 4);
+  for (int k = 0; k < 4; ++k) {
+    CAPTURE(k);
+    CHECK(steps[k]["searched_again"] == (k == 3));
+    CHECK(steps[k]["oom"] == false);
+  }
+  CHECK(steps[3]["predicted_step_s"].get<double>() == doctest::Approx(kept_s));
 }
 
 TEST_CASE("nested keeps dynamic CP's gangs only where they make the step shorter") {

@@ -723,6 +723,8 @@ TEST_CASE("replanning: later steps keep the first step's sizing and rule set") {
       CAPTURE(seed);
       auto step = r->Plan(seed);
       REQUIRE_MESSAGE(step.ok(), step.status().message());
+      REQUIRE(r->last().has_value());
+      CHECK_FALSE(r->last()->searched);  // the first step's choices fit every step here
       CHECK(ValidatePlan(*step).ok());
       auto stored = ConfigOfPlan(*step, "plan.pb");
       REQUIRE(stored.ok());
