@@ -49,8 +49,6 @@ class Pass {
   // Whether a window acted: held a forward back, made a backward due, or woke a parked
   // rank. If not, the same rules without windows make the same decisions.
   bool window_bound() const { return window_bound_; }
-  // Whether the memory room held anything back or made a backward due.
-  bool room_bound() const { return room_bound_; }
   // Start of each consumer's text F(0, mb), per (d * m + mb).
   std::vector<double> ConsumerStarts() const;
   std::vector<VisionPlacement> Placements() const;
@@ -188,7 +186,6 @@ class Pass {
   bool OverBudget(int r, double extra) const {
     const bool room =
         !rules_.memory_room_bytes.empty() && alive_[r] + extra > rules_.memory_room_bytes[r];
-    room_bound_ |= room;
     return (rules_.memory_budget_bytes > 0 && alive_[r] + extra > rules_.memory_budget_bytes) ||
            room;
   }
@@ -255,7 +252,6 @@ class Pass {
   DecisionQueue queue_;
   double makespan_ = 0;
   mutable bool window_bound_ = false;
-  mutable bool room_bound_ = false;
   // Sharded generator, per (d * m + mb): its gang, start and end, and (rank, text position)
   // of each shard.
   std::vector<int> gen_gang_;
@@ -1221,7 +1217,6 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
   ListResult best;
   best.makespan_s = kInf;
   best.alternative_s.assign(alternatives.size(), kInf);
-  best.room_bound.assign(alternatives.size(), 0);
   best.first_pass_s.assign(alternatives.size(), kInf);
   size_t best_index = alternatives.size();
   std::vector<uint8_t> window_bound(alternatives.size(), 0);
@@ -1236,13 +1231,11 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
     std::vector<double> deadline = text.due, mine_deadline;
     std::pair<int, int> mine_tail{kNone, kNone};
     double last = kInf;
-    bool room_bound = false;
     for (int k = 0; k < std::max(1, rules.passes); ++k) {
       Pass p(in, w, rules, deadline);
       RETURN_IF_ERROR(p.Run());
       ++mine.passes;
       window_bound[a] |= p.window_bound();
-      room_bound |= p.room_bound();
       if (k == 0) best.first_pass_s[a] = p.makespan();  // each alternative its own slot
       if (p.makespan() >= last) break;
       last = p.makespan();
@@ -1258,7 +1251,6 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
     std::lock_guard<std::mutex> lock(mu);
     best.passes += mine.passes;
     best.alternative_s[a] = mine.makespan_s;
-    best.room_bound[a] = room_bound;
     if (mine.makespan_s < best.makespan_s ||
         (mine.makespan_s == best.makespan_s && a < best_index)) {
       best_index = a;

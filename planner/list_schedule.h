@@ -136,9 +136,8 @@ struct ListResult {
   int tail_task = -1, tail_rank = -1;
   double unmoved_s = 0;  // the makespan before MoveTail
   // Per alternative: its best makespan (+inf where it did not run: a repeat, or a twin
-  // without windows whose windows never acted), and whether the memory room bound it.
+  // without windows whose windows never acted).
   std::vector<double> alternative_s;
-  std::vector<uint8_t> room_bound;
   std::vector<double> first_pass_s;  // per alternative: its first pass's makespan (+inf: none)
   int alternative = -1;              // the one kept
 };

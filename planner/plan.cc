@@ -277,9 +277,12 @@ std::vector<double> EncoderRoom(const Config& c, const PipelineShape& shape,
 }
 
 // Nested's alternatives: its rules, with Optimus's phases, and, when no window was asked
-// for, its budget alone without windows (with and without phases).
-std::vector<ListRules> NestedAlternatives(const Config& c, const ListInput& in) {
+// for, its budget alone without windows (with and without phases); each within `room`
+// (EncoderRoom).
+std::vector<ListRules> NestedAlternatives(const Config& c, const ListInput& in,
+                                          const std::vector<double>& room) {
   ListRules nested = RulesOf(c, ModalityPolicy::kNested, in);
+  nested.memory_room_bytes = room;
   std::vector<ListRules> all{nested};
   nested.phases = true;
   all.push_back(nested);
@@ -297,9 +300,11 @@ std::vector<ListRules> NestedAlternatives(const Config& c, const ListInput& in) 
 // windows cost more than they save there, and a probe of the windowed rules alone would
 // pass over a sizing nested's search keeps (`configs/default.yaml` under interleaved ZB,
 // vp 2, 32 micro-batches: 3.17 s against 2.94 s).
-std::vector<ListRules> NestedProbes(const Config& c, const ListInput& in) {
-  std::vector<ListRules> all{RulesOf(c, ModalityPolicy::kNested, in)};
-  if (c.schedule.modality_window == 0) all.push_back(NestedAlternatives(c, in).back());
+std::vector<ListRules> NestedProbes(const Config& c, const ListInput& in,
+                                    const std::vector<double>& room) {
+  const std::vector<ListRules> nested = NestedAlternatives(c, in, room);
+  std::vector<ListRules> all{nested.front()};
+  if (c.schedule.modality_window == 0) all.push_back(nested.back());
   return all;
 }
 
@@ -307,14 +312,15 @@ std::vector<ListRules> NestedProbes(const Config& c, const ListInput& in) {
 // policy's own; nested's alternatives for nested and bubble-fill (it may keep Optimus's
 // phases under its windows and budget, and, when no window was asked for, let its budget
 // alone bound the memory); bubble-fill's own again without moving tasks, and moving them
-// without starting gangs only in common gaps. Bubble-fill's sets keep every rank's encoder
-// activations within `room` (EncoderRoom).
+// without starting gangs only in common gaps. Nested's and bubble-fill's sets keep every
+// rank's encoder activations within `room` (EncoderRoom; Optimus keeps its encoder state).
 std::vector<ListRules> Alternatives(const Config& c, ModalityPolicy policy, const ListInput& in,
                                     const std::vector<double>& room, bool move_tail) {
   std::vector<ListRules> all{RulesOf(c, policy, in)};
   if (policy == ModalityPolicy::kNested || policy == ModalityPolicy::kBubbleFill) {
-    const std::vector<ListRules> nested = NestedAlternatives(c, in);
+    const std::vector<ListRules> nested = NestedAlternatives(c, in, room);
     all.insert(all.end(), nested.begin(), nested.end());
+    all[0].memory_room_bytes = room;
   }
   if (policy != ModalityPolicy::kBubbleFill) return all;
   ListRules own = all[0];
@@ -322,17 +328,16 @@ std::vector<ListRules> Alternatives(const Config& c, ModalityPolicy policy, cons
   all.push_back(own);
   own.steal = true, own.fill_gangs = false;
   all.push_back(own);
-  for (ListRules& r : all) r.memory_room_bytes = room, r.move_tail = move_tail;
+  for (ListRules& r : all) r.move_tail = move_tail;
   return all;
 }
 
 // The list-scheduled placement of a policy: its alternatives (above), the shortest
-// predicted step kept (so bubble-fill is never slower than nested where the room does not
-// bind). `text`: the text-only pass.
-// `nested_s` (bubble-fill): nested's own predicted step on these images (its alternatives
-// without the room: the same runs where the room never acted, run again where it did);
-// `nested_kept`: the placement kept is nested's own before any tail move (one of those
-// runs, the room idle).
+// predicted step kept (so bubble-fill's prediction is never above nested's on the same
+// images). `text`: the text-only pass.
+// `nested_s` (bubble-fill): nested's own predicted step on these images (its alternatives,
+// in the same room); `nested_kept`: the placement kept is nested's own before any tail
+// move (one of those runs).
 StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const ListInput& in,
                                  const ModalityWork& w, const TextTimeline& text,
                                  const std::vector<double>& room, bool move_tail,
@@ -340,20 +345,11 @@ StatusOr<ListResult> PlaceListed(const Config& c, ModalityPolicy policy, const L
   const std::vector<ListRules> all = Alternatives(c, policy, in, room, move_tail);
   if (policy != ModalityPolicy::kBubbleFill) return ScheduleModality(in, w, all, text);
   ASSIGN_OR_RETURN(ListResult placed, ScheduleModality(in, w, all, text));
-  if (nested_s) {
-    const std::vector<ListRules> nested = NestedAlternatives(c, in);
-    const auto first = placed.room_bound.begin() + 1, last = first + nested.size();
-    const bool idle = std::none_of(first, last, [](uint8_t b) { return b != 0; });
-    if (nested_kept)
-      *nested_kept = idle && placed.alternative >= 1 &&
-                     placed.alternative < 1 + static_cast<int>(nested.size());
-    if (idle) {
-      const auto s = placed.alternative_s.begin() + 1;
-      *nested_s = *std::min_element(s, s + nested.size());
-    } else {
-      ASSIGN_OR_RETURN(const ListResult n, ScheduleModality(in, w, nested, text));
-      *nested_s = n.makespan_s;
-    }
+  if (nested_s) {  // nested's alternatives come after bubble-fill's own, in the same room
+    const int n = static_cast<int>(NestedAlternatives(c, in, room).size());
+    const auto first = placed.alternative_s.begin() + 1;
+    *nested_s = *std::min_element(first, first + n);
+    if (nested_kept) *nested_kept = placed.alternative >= 1 && placed.alternative < 1 + n;
   }
   return placed;
 }
@@ -587,12 +583,17 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
                                                         h.share ? &h.share->timelines : nullptr,
                                                         [&] { return ScheduleText(in); }));
         }
+        // Nested's and bubble-fill's room, less what a repair took off (PlanHooks).
         auto room_for = [&](const ListInput& x) {
-          return policy == ModalityPolicy::kBubbleFill
-                     ? EncoderRoom(
-                           c, shape, orders, tw, ranks,
-                           x.bytes.empty() ? 0 : *std::max_element(x.bytes.begin(), x.bytes.end()))
-                     : std::vector<double>{};
+          if (policy == ModalityPolicy::kOptimus) return std::vector<double>{};
+          const double largest =
+              x.bytes.empty() ? 0 : *std::max_element(x.bytes.begin(), x.bytes.end());
+          std::vector<double> room = EncoderRoom(c, shape, orders, tw, ranks, largest);
+          static const std::vector<double> kUnrepaired;
+          const std::vector<double>& less = hint ? hint->room_less : kUnrepaired;
+          for (size_t r = 0; r < room.size() && r < less.size(); ++r)
+            room[r] = std::max(largest, room[r] - less[r]);
+          return room;
         };
         // Dynamic CP sizes the images by their shard times, which say nothing of what a
         // gang costs in the pipeline (each of its ranks reaches it between its own text
@@ -674,9 +675,10 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
           const bool bubble = policy == ModalityPolicy::kBubbleFill;
           constexpr double kNever = std::numeric_limits<double>::infinity();
           // The probes of nested on a sizing (NestedProbes), as rule sets of `oin`, bounded.
-          auto nested_probes = [&](const ListInput* oin, const ModalityWork* other, double bound) {
+          auto nested_probes = [&](const ListInput* oin, const ModalityWork* other,
+                                   const std::vector<double>& oroom, double bound) {
             std::vector<ListProbe> probes;
-            for (const ListRules& r : NestedProbes(c, *oin))
+            for (const ListRules& r : NestedProbes(c, *oin, oroom))
               probes.push_back({oin, other, r, bound});
             return probes;
           };
@@ -685,16 +687,16 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
           double own_best = placed.first_pass_s[0];
           if (policy == ModalityPolicy::kNested) {
             const std::vector<ListRules> all = Alternatives(c, policy, in, room, false);
-            for (const ListRules& r : NestedProbes(c, in))
+            for (const ListRules& r : NestedProbes(c, in, room))
               for (size_t k = 0; k < all.size(); ++k)
                 if (all[k] == r) own_best = std::min(own_best, placed.first_pass_s[k]);
           }
-          // Bubble-fill also probes nested's rules (without its room): nested, planned on
+          // Bubble-fill also probes nested's rules (in the same room): nested, planned on
           // its own, may keep a sizing bubble-fill's probe rejects, and bubble-fill's plan is
           // compared with nested's prediction.
           double nested_best = kNever;
           if (bubble) {
-            ASSIGN_OR_RETURN(const auto probe, Probe(nested_probes(&in, &w, kNever), tl));
+            ASSIGN_OR_RETURN(const auto probe, Probe(nested_probes(&in, &w, room, kNever), tl));
             nested_best = *std::min_element(probe.begin(), probe.end());
           }
           std::vector<std::vector<double>> seen{VisionTasksKey(w)};
@@ -707,7 +709,7 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
             const std::vector<double> oroom = room_for(oin);
             // Larger tasks than any rank has room for: out of memory where the images as
             // first sized were not.
-            if (bubble && oroom.empty() && !room.empty()) continue;
+            if (oroom.empty() && !room.empty()) continue;
             // A probe matters only where it comes within kProbeMargin of the best before
             // (+inf where it cannot).
             const double own_bound = own_best * (bubble ? 1 : 1 + kProbeMargin);
@@ -716,11 +718,12 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
             // nested.
             std::vector<ListProbe> probes =
                 policy == ModalityPolicy::kNested
-                    ? nested_probes(&oin, &other, own_bound)
+                    ? nested_probes(&oin, &other, oroom, own_bound)
                     : std::vector<ListProbe>{{&oin, &other, RulesOf(c, policy, oin), own_bound}};
             if (bubble) {
               probes[0].rules.memory_room_bytes = oroom;
-              for (ListProbe& p : nested_probes(&oin, &other, nested_bound)) probes.push_back(p);
+              for (ListProbe& p : nested_probes(&oin, &other, oroom, nested_bound))
+                probes.push_back(p);
             }
             ASSIGN_OR_RETURN(const std::vector<double> probe, Probe(probes, tl));
             const double own_probe =
@@ -731,7 +734,7 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
             nested_best = std::min(nested_best, nested_probe);
             if (own_probe >= own_bound) {  // only nested's prediction can change
               ASSIGN_OR_RETURN(const ListResult n,
-                               ScheduleModality(oin, other, NestedAlternatives(c, oin), tl));
+                               ScheduleModality(oin, other, NestedAlternatives(c, oin, oroom), tl));
               nested_s = std::min(nested_s, n.makespan_s);
               continue;
             }
@@ -1460,11 +1463,11 @@ StatusOr<Config> WithLevels(const Config& c, const MemoryLevels& m) {
   return k;
 }
 
-// Bubble-fill may use every placement nested may, but under the room its ranks' memory
-// leaves them, and the list scheduler keeps the placement it predicts fastest; nested's own
-// placement can be faster (the room is a bound over the whole step, and binds where nested
-// fits), and the prediction can misorder close candidates (it does not model the receive a
-// transfer waits for, or NICs shared by transfers). So where nested's placement is
+// Bubble-fill may use every placement nested may, in the same room, and the list scheduler
+// keeps the placement it predicts fastest; nested's own search can keep another sizing (it
+// probes the sizings by its own rules), and the prediction can misorder close candidates
+// (it does not model the receive a transfer waits for, or NICs shared by transfers), so
+// nested's plan can be faster. So where nested's placement is
 // predicted faster or within kListMargin (faster only, where bubble-fill kept nested's
 // rules on one sizing of the images), bubble-fill's plan and nested's are both
 // simulated and the faster is kept, as bubble-fill's plan (a plan that fits the device
@@ -1477,10 +1480,16 @@ struct Judged {
     return std::tie(oom, step_s) < std::tie(o.oom, o.step_s);
   }
 };
-StatusOr<Judged> Judge(const Config& c, const Table& t) {
+// `over`: per rank, the bytes its peak is above the device memory (0 where it fits).
+StatusOr<Judged> Judge(const Config& c, const Table& t, std::vector<double>* over = nullptr) {
   SimOptions o = SimOptionsFor(c);
   o.exposure = false;
   ASSIGN_OR_RETURN(const SimResult r, RunSimulation(t, o));
+  if (over) {
+    over->assign(r.memory.size(), 0);
+    for (size_t k = 0; k < r.memory.size(); ++k)
+      (*over)[k] = std::max(0.0, r.memory[k].peak_bytes - o.memory.hbm_bytes);
+  }
   return Judged{r.metrics.oom, r.metrics.step_time_s};
 }
 // Whether plan b of c is better than plan a: it fits where a does not, or is faster.
@@ -1501,6 +1510,9 @@ StatusOr<Table> PlanChosen(const Config& c, const ModalityChoice& choice, TextTi
   t.mutable_meta().modality = std::string(ModalityName(c.schedule.modality));
   return t;
 }
+
+// Repairs of the encoder's room of a plan out of device memory (PlanOrdered).
+constexpr int kRoomRepairs = 3;
 
 // One plan of c's policy, for c's micro-batch order. `chosen`: what placed its images;
 // `text_cache`: see AddModality. With `share`, a config searched before is placed with what
@@ -1524,6 +1536,7 @@ StatusOr<Table> PlanOrdered(const Config& c, PlanShare::Impl* share,
                                            .share = share,
                                            .tail_moved = &moved}));
   std::optional<Judged> own_judged;  // own's simulation, once
+  std::vector<double> over;          // its bytes above the device memory, per rank
   if (moved) {
     // Images moved off the tail are judged by the list scheduler's times and the encoder's
     // saved bytes alone: the same placement without the moves (the sizing and rules the
@@ -1531,10 +1544,38 @@ StatusOr<Table> PlanOrdered(const Config& c, PlanShare::Impl* share,
     ModalityChoice unmoved_choice = own_choice;
     unmoved_choice.tail_moves = false;
     ASSIGN_OR_RETURN(Table unmoved, PlanChosen(c, unmoved_choice, text_cache, share));
-    ASSIGN_OR_RETURN(own_judged, Judge(c, own));
-    ASSIGN_OR_RETURN(const Judged other, Judge(c, unmoved));
-    if (other < *own_judged)
+    ASSIGN_OR_RETURN(own_judged, Judge(c, own, &over));
+    std::vector<double> unmoved_over;
+    ASSIGN_OR_RETURN(const Judged other, Judge(c, unmoved, &unmoved_over));
+    if (other < *own_judged) {
       own = std::move(unmoved), own_choice = unmoved_choice, own_judged = other;
+      over = std::move(unmoved_over);
+    }
+  }
+  // Nested's and bubble-fill's room counts the encoder's saved bytes against the text's
+  // peak alone (not a generator's activations, nor when the peaks meet): where the plan
+  // runs out of device memory, the ranks above it lose their excess from their room (the
+  // room admits whole tasks, so the same excess can leave the same placement: repair k
+  // takes 2^k times the excess left) and the images are placed again with the same
+  // choice, up to kRoomRepairs times; the best plan is kept (one that fits before one that
+  // does not, then the faster).
+  if (own_choice.sizing >= 0 && c.schedule.modality != ModalityPolicy::kOptimus) {
+    if (!own_judged) {
+      ASSIGN_OR_RETURN(own_judged, Judge(c, own, &over));
+    }
+    ModalityChoice repaired = own_choice;
+    for (int k = 0; k < kRoomRepairs && own_judged->oom; ++k) {
+      repaired.room_less.resize(over.size(), 0);
+      bool any = false;
+      for (size_t r = 0; r < over.size(); ++r) {
+        repaired.room_less[r] += over[r] * (1 << k);
+        any = any || over[r] > 0;
+      }
+      if (!any) break;  // out of host memory only
+      ASSIGN_OR_RETURN(Table t, PlanChosen(c, repaired, text_cache, share));
+      ASSIGN_OR_RETURN(const Judged j, Judge(c, t, &over));
+      if (j < *own_judged) own = std::move(t), own_choice = repaired, own_judged = j;
+    }
   }
   if (!close) return done(std::move(own), own_choice);
   Config n = c;
@@ -1722,6 +1763,11 @@ StatusOr<Table> BuildPlan(const Config& c, MemoryChoice* choice, PlanShare* shar
   }
   if (choice) *choice = own;
   return t;
+}
+
+StatusOr<Table> PlanWithChoice(const Config& c, const ModalityChoice& choice) {
+  if (choice.sizing < 0) return PlanOnce(c);  // nothing searched for the images
+  return PlanChosen(c, choice, nullptr, nullptr);
 }
 
 StatusOr<Replanner> Replanner::Start(const Config& c, Options options) {

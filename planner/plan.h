@@ -85,8 +85,15 @@ struct ModalityChoice {
   int sizing = -1;
   int rules = -1;
   bool tail_moves = true;  // bubble-fill may move images off the tail (ListRules::move_tail)
+  // Per rank, bytes taken off its room for encoder activations (EncoderRoom) by the repairs
+  // of a plan that ran out of device memory (PlanOrdered); empty: none.
+  std::vector<double> room_less;
   bool operator==(const ModalityChoice&) const = default;
 };
+
+// The plan of `config` with its images placed by `choice` (a search's choice for this
+// config, e.g. Replanner::choice()) without searching; the plan is named as config's.
+StatusOr<Table> PlanWithChoice(const Config& config, const ModalityChoice& choice);
 
 // What plans of one config built under different modality policies, or built again (as
 // the memory search and bubble-fill's comparison with nested do), have in common, kept

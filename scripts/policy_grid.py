@@ -15,6 +15,7 @@ before: geometric mean, best and worst.
 
     scripts/policy_grid.py --bin OLD --bin NEW [--schedules 1f1b,interleaved-1f1b,zb-h1]
     scripts/policy_grid.py --bin build/pipeplan --list    also lists the points that lose
+        (with two binaries, also each policy's points whose step or fit changed)
     scripts/policy_grid.py --bin build/pipeplan --seeds 2,3,4,5,6
         each point with the images of these data seeds instead of the config's own
 """
@@ -124,6 +125,12 @@ def main():
             geo = math.exp(sum(map(math.log, r)) / len(r))
             print(f"{pol}: after / before, geometric mean {geo:.4f}, "
                   f"best {min(r):.3f}, worst {max(r):.3f}")
+            for c, s in built if a.list else []:
+                before, after = steps[(old, c, s, pol)], steps[(new, c, s, pol)]
+                if before[:2] != after[:2]:
+                    fits = lambda x: "out of memory" if x[0] else "fits"
+                    print(f"    {c} {' '.join(s)}: {before[1]:.4f} s {fits(before)} -> "
+                          f"{after[1]:.4f} s {fits(after)}")
 
 
 if __name__ == "__main__":

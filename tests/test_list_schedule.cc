@@ -931,6 +931,55 @@ TEST_CASE("replanning: a step that runs out of memory with the first step's choi
   CHECK(steps[3]["predicted_step_s"].get<double>() == doctest::Approx(kept_s));
 }
 
+TEST_CASE(
+    "nested and bubble-fill take a plan's excess off the room of the ranks above the memory") {
+  // The generation workload under interleaved 1F1B at 16 micro-batches with the images of
+  // data seed 2: nested's room (the device memory less the static bytes and the text's
+  // peak) does not count the generator's activations, and its placement runs out of memory
+  // on a first-stage rank. The plan is placed again with those ranks' room lowered by their
+  // excess, and that plan fits. The same choice without the lowered room is the plan that
+  // does not fit; the ranks above the memory there are the ranks whose room was lowered.
+  const std::string file =
+      std::string(PIPEPLAN_SOURCE_DIR) + "/configs/qwen3_30b_a3b_vit_mmdit20b.yaml";
+  std::map<std::string, Metrics> m;
+  for (std::string policy : {"nested", "bubble-fill"}) {
+    CAPTURE(policy);
+    auto c = LoadConfig(
+        file, {"schedule.pipeline=interleaved-1f1b", "parallelism.vp=2", "training.microbatches=16",
+               "data.seed=2", "schedule.modality=" + policy});
+    REQUIRE_MESSAGE(c.ok(), c.status().message());
+    auto planned = Replanner::Start(*c, {.check = false});
+    REQUIRE_MESSAGE(planned.ok(), planned.status().message());
+    auto r = RunSimulation(planned->first(), SimOptionsFor(*c));
+    REQUIRE_MESSAGE(r.ok(), r.status().message());
+    m[policy] = r->metrics;
+    if (policy != "nested") continue;
+    const ModalityChoice& choice = planned->choice();
+    auto again = PlanWithChoice(*c, choice);
+    REQUIRE(again.ok());
+    CHECK(SerializePb(*again) == SerializePb(planned->first()));
+    ModalityChoice unrepaired = choice;
+    unrepaired.room_less.clear();
+    auto before = PlanWithChoice(*c, unrepaired);
+    REQUIRE(before.ok());
+    auto b = RunSimulation(*before, SimOptionsFor(*c));
+    REQUIRE_MESSAGE(b.ok(), b.status().message());
+    REQUIRE(b->metrics.oom);
+    REQUIRE(choice.room_less.size() == b->memory.size());
+    for (size_t k = 0; k < b->memory.size(); ++k) {
+      CAPTURE(k);
+      if (b->memory[k].peak_bytes > c->cluster.spec.hbm_bytes) CHECK(choice.room_less[k] > 0);
+    }
+  }
+  CHECK_FALSE(m["nested"].oom);
+  CHECK_FALSE(m["bubble-fill"].oom);
+  CHECK(m["bubble-fill"].step_time_s <= m["nested"].step_time_s);
+  // A plan that fits takes nothing off the room.
+  auto fits = Replanner::Start(MultimodalConfig("nested"), {.check = false});
+  REQUIRE(fits.ok());
+  CHECK(fits->choice().room_less.empty());
+}
+
 TEST_CASE("nested keeps dynamic CP's gangs only where they make the step shorter") {
   // The README's default workload (a ViT-L beside a 1.3B LLM, 2048x2048 scans split over
   // two ranks by dynamic CP). At 8 micro-batches the gangs even the ranks' encoder work and
