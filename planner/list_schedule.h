@@ -21,8 +21,9 @@
 //   the text forward of m - window; its backward is due (runs before ready text) once the
 //   consumer has started the text backward of m + backward_window; with a memory budget,
 //   a forward waits while the rank holds its budget of encoder activations and released
-//   backwards are due: encoder activations stay bounded; a rank's room (bubble-fill: its
-//   device memory less its static bytes and text activation peak) acts the same way;
+//   backwards are due: encoder activations stay bounded; a rank's room (nested and
+//   bubble-fill: its device memory less its static bytes and text activation peak) acts
+//   the same way;
 // - phases (optimus): forwards fill gaps only until the rank's first text backward,
 //   backwards only after its last text forward;
 // - pieces: a task may run as layer-group pieces (ListInput::bounds), each placed on its
@@ -71,7 +72,7 @@ struct ListRules {
   // waits (unless its deadline has come) and released backwards become due; 0 = none.
   double memory_budget_bytes = 0;
   // Per rank: the encoder activation bytes per GPU its device memory has room for, acting
-  // as a budget of the rank's own (bubble-fill); empty = none.
+  // as a budget of the rank's own (nested, bubble-fill); empty = none.
   std::vector<double> memory_room_bytes;
   bool steal = false;   // whole-image forwards move to ranks in a gap
   bool phases = false;  // optimus: forwards only until the first text backward, backwards

@@ -479,10 +479,11 @@ StatusOr<T> SharedPart(PlanShare::Impl::Parts* parts, std::shared_ptr<const T>* 
 
 // What a plan's placement is given and reports besides its config, all optional.
 struct PlanHooks {
-  const ModalityChoice* hint = nullptr;  // the sizing and rule set to place the images with
-  ModalityChoice* chosen = nullptr;      // receives those the search kept (or the hint)
-  bool* nested_close = nullptr;          // see AddModality
-  TextTimeline* text_cache = nullptr;    // the text-only timeline of earlier steps, or empty
+  // The sizing, rule set and room repairs (ModalityChoice) to place the images with.
+  const ModalityChoice* hint = nullptr;
+  ModalityChoice* chosen = nullptr;    // receives those the search kept (or the hint)
+  bool* nested_close = nullptr;        // see AddModality
+  TextTimeline* text_cache = nullptr;  // the text-only timeline of earlier steps, or empty
   PlanShare::Impl* share = nullptr;
   bool tail_moves = true;      // bubble-fill may move images off the tail (ListRules::move_tail)
   bool* tail_moved = nullptr;  // receives whether the placement kept moved any
@@ -507,7 +508,7 @@ constexpr double kProbeMargin = 0.05;
 // receives those the search kept (or the hint). `h.text_cache`: the text-only timeline of
 // earlier steps (see below), or empty. `h.nested_close` (bubble-fill): set when nested's
 // own placement is predicted within kListMargin of the one kept before its tail moves, or
-// faster (its rules without bubble-fill's room); only a search sets it (with `h.hint` it is
+// faster (its rules in the same room); only a search sets it (with `h.hint` it is
 // left as it is). `h.share`: the text-only timeline and the sizings of other
 // list-scheduled policies' plans of the config.
 Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch& batch,
@@ -589,10 +590,9 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
           const double largest =
               x.bytes.empty() ? 0 : *std::max_element(x.bytes.begin(), x.bytes.end());
           std::vector<double> room = EncoderRoom(c, shape, orders, tw, ranks, largest);
-          static const std::vector<double> kUnrepaired;
-          const std::vector<double>& less = hint ? hint->room_less : kUnrepaired;
-          for (size_t r = 0; r < room.size() && r < less.size(); ++r)
-            room[r] = std::max(largest, room[r] - less[r]);
+          if (hint)
+            for (size_t r = 0; r < room.size() && r < hint->room_less.size(); ++r)
+              room[r] = std::max(largest, room[r] - hint->room_less[r]);
           return room;
         };
         // Dynamic CP sizes the images by their shard times, which say nothing of what a
@@ -653,7 +653,8 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         // without them, whose room differs, and so could its moves.
         const bool tail_moves = h.tail_moves && !OffloadsAny(c);
         if (hint) {  // the sizing and rule set given: no search
-          if (hint->sizing < 0 || hint->sizing > timed_sizing)
+          if (hint->sizing < 0 || hint->sizing > timed_sizing ||
+              (!hint->room_less.empty() && hint->room_less.size() != ranks.size()))
             return Internal("a modality choice of another plan");
           if (hint->sizing == timed_sizing) {
             w = timed_work();
@@ -1500,9 +1501,11 @@ StatusOr<bool> Better(const Config& c, const Table& a, const Table& b) {
 }
 
 // c's plan with its images placed by `choice` (what a search of c chose), under the
-// choice's policy (bubble-fill may keep nested's placement), named as c's.
+// choice's policy (bubble-fill may keep nested's placement), named as c's; c's own plan
+// where nothing was searched for the images (no sizing).
 StatusOr<Table> PlanChosen(const Config& c, const ModalityChoice& choice, TextTimeline* text_cache,
                            PlanShare::Impl* share) {
+  if (choice.sizing < 0) return PlanOnce(c);
   Config k = c;
   k.schedule.modality = choice.policy;
   ASSIGN_OR_RETURN(Table t,
@@ -1577,7 +1580,10 @@ StatusOr<Table> PlanOrdered(const Config& c, PlanShare::Impl* share,
       if (j < *own_judged) own = std::move(t), own_choice = repaired, own_judged = j;
     }
   }
-  if (!close) return done(std::move(own), own_choice);
+  // Bubble-fill still out of memory after its repairs: nested's plan may fit.
+  const bool oom =
+      c.schedule.modality == ModalityPolicy::kBubbleFill && own_judged && own_judged->oom;
+  if (!close && !oom) return done(std::move(own), own_choice);
   Config n = c;
   n.schedule.modality = ModalityPolicy::kNested;
   ModalityChoice nested_choice;
@@ -1766,7 +1772,6 @@ StatusOr<Table> BuildPlan(const Config& c, MemoryChoice* choice, PlanShare* shar
 }
 
 StatusOr<Table> PlanWithChoice(const Config& c, const ModalityChoice& choice) {
-  if (choice.sizing < 0) return PlanOnce(c);  // nothing searched for the images
   return PlanChosen(c, choice, nullptr, nullptr);
 }
 
@@ -1800,12 +1805,7 @@ StatusOr<Table> Replanner::Plan(uint64_t seed, const std::string& manifest) {
     k.data.manifest = manifest;
   }
   k.resolved_yaml = YamlText(doc);
-  Table t;
-  if (choice_.sizing < 0) {  // nothing searched for the images
-    ASSIGN_OR_RETURN(t, PlanOnce(k));
-  } else {
-    ASSIGN_OR_RETURN(t, PlanChosen(k, choice_, text_.get(), nullptr));
-  }
+  ASSIGN_OR_RETURN(Table t, PlanChosen(k, choice_, text_.get(), nullptr));
   if (!options_.check) return t;
   ASSIGN_OR_RETURN(Judged judged, Judge(k, t));
   bool searched = false;

@@ -91,8 +91,10 @@ struct ModalityChoice {
   bool operator==(const ModalityChoice&) const = default;
 };
 
-// The plan of `config` with its images placed by `choice` (a search's choice for this
-// config, e.g. Replanner::choice()) without searching; the plan is named as config's.
+// The plan of `config` with its images placed by `choice` (what a search of this config
+// chose, e.g. Replanner::choice() where the config's memory modes and micro-batch order
+// are not searched: Replanner places its steps with the searched ones) without searching;
+// the plan is named as config's.
 StatusOr<Table> PlanWithChoice(const Config& config, const ModalityChoice& choice);
 
 // What plans of one config built under different modality policies, or built again (as

@@ -975,9 +975,13 @@ TEST_CASE(
   CHECK_FALSE(m["bubble-fill"].oom);
   CHECK(m["bubble-fill"].step_time_s <= m["nested"].step_time_s);
   // A plan that fits takes nothing off the room.
-  auto fits = Replanner::Start(MultimodalConfig("nested"), {.check = false});
+  const Config small = MultimodalConfig("nested");
+  auto fits = Replanner::Start(small, {.check = false});
   REQUIRE(fits.ok());
   CHECK(fits->choice().room_less.empty());
+  auto placed = PlanWithChoice(small, fits->choice());
+  REQUIRE(placed.ok());
+  CHECK(SerializePb(*placed) == SerializePb(fits->first()));
 }
 
 TEST_CASE("nested keeps dynamic CP's gangs only where they make the step shorter") {
