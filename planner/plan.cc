@@ -487,6 +487,21 @@ struct PlanHooks {
   PlanShare::Impl* share = nullptr;
   bool tail_moves = true;      // bubble-fill may move images off the tail (ListRules::move_tail)
   bool* tail_moved = nullptr;  // receives whether the placement kept moved any
+  // Receives the room of the kept sizing's tasks before any repair (nested, bubble-fill).
+  struct Room {
+    std::vector<double> per_rank;  // EncoderRoom; empty: none
+    double largest = 0;            // the largest task's bytes: no repair goes below it
+    // Whether the room left after taking `a` off differs from it after taking `b` off.
+    bool Differs(const std::vector<double>& a, const std::vector<double>& b) const {
+      auto left = [&](const std::vector<double>& less, size_t r) {
+        return std::max(largest, per_rank[r] - (r < less.size() ? less[r] : 0.0));
+      };
+      for (size_t r = 0; r < per_rank.size(); ++r)
+        if (left(a, r) != left(b, r)) return true;
+      return false;
+    }
+  };
+  Room* room = nullptr;
 };
 
 // The list scheduler's predictions of two placements can be misordered by this much (over
@@ -585,14 +600,19 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
                                                         [&] { return ScheduleText(in); }));
         }
         // Nested's and bubble-fill's room, less what a repair took off (PlanHooks).
+        auto room_before = [&](const ListInput& x) {
+          PlanHooks::Room room;
+          if (policy == ModalityPolicy::kOptimus) return room;
+          room.largest = x.bytes.empty() ? 0 : *std::max_element(x.bytes.begin(), x.bytes.end());
+          room.per_rank = EncoderRoom(c, shape, orders, tw, ranks, room.largest);
+          return room;
+        };
         auto room_for = [&](const ListInput& x) {
-          if (policy == ModalityPolicy::kOptimus) return std::vector<double>{};
-          const double largest =
-              x.bytes.empty() ? 0 : *std::max_element(x.bytes.begin(), x.bytes.end());
-          std::vector<double> room = EncoderRoom(c, shape, orders, tw, ranks, largest);
+          PlanHooks::Room before = room_before(x);
+          std::vector<double> room = std::move(before.per_rank);
           if (hint)
             for (size_t r = 0; r < room.size() && r < hint->room_less.size(); ++r)
-              room[r] = std::max(largest, room[r] - hint->room_less[r]);
+              room[r] = std::max(before.largest, room[r] - hint->room_less[r]);
           return room;
         };
         // Dynamic CP sizes the images by their shard times, which say nothing of what a
@@ -786,6 +806,7 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
         placed.rank_orders.clear();
         vision = std::move(placed.vision);
         shards = std::move(placed.generator);
+        if (h.room) *h.room = room_before(in);
         bounds = std::move(in.bounds);
       }
       break;
@@ -1533,11 +1554,13 @@ StatusOr<Table> PlanOrdered(const Config& c, PlanShare::Impl* share,
   };
   bool close = false, moved = false;
   ModalityChoice own_choice;
+  PlanHooks::Room room;
   ASSIGN_OR_RETURN(Table own, PlanOnce(c, {.chosen = &own_choice,
                                            .nested_close = &close,
                                            .text_cache = text_cache,
                                            .share = share,
-                                           .tail_moved = &moved}));
+                                           .tail_moved = &moved,
+                                           .room = &room}));
   std::optional<Judged> own_judged;  // own's simulation, once
   std::vector<double> over;          // its bytes above the device memory, per rank
   if (moved) {
@@ -1561,20 +1584,19 @@ StatusOr<Table> PlanOrdered(const Config& c, PlanShare::Impl* share,
   // room admits whole tasks, so the same excess can leave the same placement: repair k
   // takes 2^k times the excess left) and the images are placed again with the same
   // choice, up to kRoomRepairs times; the best plan is kept (one that fits before one that
-  // does not, then the faster).
+  // does not, then the faster). A repair that leaves every rank's room as it was (no room at
+  // all, or rooms already down to the largest task) would place the same plan: the repairs
+  // stop there.
   if (own_choice.sizing >= 0 && c.schedule.modality != ModalityPolicy::kOptimus) {
     if (!own_judged) {
       ASSIGN_OR_RETURN(own_judged, Judge(c, own, &over));
     }
     ModalityChoice repaired = own_choice;
     for (int k = 0; k < kRoomRepairs && own_judged->oom; ++k) {
+      const std::vector<double> before = repaired.room_less;
       repaired.room_less.resize(over.size(), 0);
-      bool any = false;
-      for (size_t r = 0; r < over.size(); ++r) {
-        repaired.room_less[r] += over[r] * (1 << k);
-        any = any || over[r] > 0;
-      }
-      if (!any) break;  // out of host memory only
+      for (size_t r = 0; r < over.size(); ++r) repaired.room_less[r] += over[r] * (1 << k);
+      if (!room.Differs(before, repaired.room_less)) break;  // also: out of host memory only
       ASSIGN_OR_RETURN(Table t, PlanChosen(c, repaired, text_cache, share));
       ASSIGN_OR_RETURN(const Judged j, Judge(c, t, &over));
       if (j < *own_judged) own = std::move(t), own_choice = repaired, own_judged = j;
