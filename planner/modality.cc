@@ -108,7 +108,8 @@ class BlockLoads {
     size_ = 1;
     while (size_ < static_cast<int>(base.size())) size_ *= 2;
     best_.assign(2 * size_ * (levels_ + 1), kInf);
-    for (int g = 0; g < size_; ++g) Set(g, g < static_cast<int>(base.size()) ? base[g] : kInf);
+    for (int g = 0; g < static_cast<int>(base.size()); ++g) At(size_ + g, 0) = base[g];
+    for (int node = size_ - 1; node >= 1; --node) Pull(node, Height(node));
   }
   // First GPU of the aligned block of 2^level GPUs whose most loaded GPU is least loaded.
   int Best(int level) const {
@@ -131,15 +132,16 @@ class BlockLoads {
   }
   double& At(int node, int level) { return best_[node * (levels_ + 1) + level]; }
   double At(int node, int level) const { return best_[node * (levels_ + 1) + level]; }
+  // Node `node` (at height h) from its children.
+  void Pull(int node, int h) {
+    for (int l = 0; l <= std::min(h, levels_); ++l)
+      At(node, l) = l == h ? std::max(At(2 * node, h - 1), At(2 * node + 1, h - 1))
+                           : std::min(At(2 * node, l), At(2 * node + 1, l));
+  }
   void Set(int g, double load) {
     int node = size_ + g;
     At(node, 0) = load;
-    for (int h = 1; node > 1; ++h) {
-      node /= 2;
-      for (int l = 0; l <= std::min(h, levels_); ++l)
-        At(node, l) = l == h ? std::max(At(2 * node, h - 1), At(2 * node + 1, h - 1))
-                             : std::min(At(2 * node, l), At(2 * node + 1, l));
-    }
+    for (int h = 1; node > 1; ++h) Pull(node /= 2, h);
   }
   int levels_, size_ = 1;
   std::vector<double> best_;
@@ -479,10 +481,12 @@ struct Cursors {
 // one task per replica, its whole images side by side on the G GPUs, and its tasks (and
 // gang shards) one after another: an image joins its replica's task on a rank where it
 // adds no time, else it holds a rank of its own (its load on each of the rank's GPUs).
+// `rank_of`: a GPU's rank.
+template <class RankOf>
 CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
                        const std::vector<int>& source, int m, int per_stage, int gpus,
-                       const TextTimeline& tl, const std::function<int(int)>& rank_of,
-                       std::vector<double>* carry, double budget_s, Cursors* cur) {
+                       const TextTimeline& tl, const RankOf& rank_of, std::vector<double>* carry,
+                       double budget_s, Cursors* cur) {
   const int world = static_cast<int>(carry->size()), stages = world / per_stage;
   CpPlan plan = EmptyPlan(world);
   int levels = 0;
@@ -513,11 +517,10 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
     auto for_ranks = [&](int first, int k, auto&& fn) {
       for (int g = first; g < first + std::max(k, gpus); g += gpus) fn(rank_of(g));
     };
-    // Where the forward and the backward of a block's item (k GPUs from `first`) would
-    // end: a gang's shards run together, from when the last of its ranks is free, and hold
-    // every one of them until the slowest ends.
-    auto ends = [&](int first, int k) {
-      const double f = ShardSeconds(c, P, k), b = ShardBackwardSeconds(c, P, k);
+    // Where the forward and the backward of a block's item (k GPUs from `first`; its shard
+    // takes f and b seconds) would end: a gang's shards run together, from when the last of
+    // its ranks is free, and hold every one of them until the slowest ends.
+    auto ends = [&](int first, int k, double f, double b) {
       double fs = 0, bs = tl.release[key], fe = 0, be = 0;
       for_ranks(first, k,
                 [&](int r) { fs = std::max(fs, cur->fwd[r]), bs = std::max(bs, cur->bwd[r]); });
@@ -531,10 +534,11 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
     // much the one whose text ends first (a text that runs late delays the others more).
     auto choose = [&](int k) {
       Choice best;
+      const double f = ShardSeconds(c, P, k), b = ShardBackwardSeconds(c, P, k);
       for (int s = 0; s < stages; ++s) {
         const int local = loads[s].Best(k);
         const int first = s * per_stage + local;
-        const auto [fe, be] = ends(first, k);
+        const auto [fe, be] = ends(first, k, f, b);
         const double late = std::max({0.0, fe - tl.due[key], be - tl.end});
         const double tie = late > 0 ? tl.TextEnd(rank_of(first)) : loads[s].Load(local, k);
         if (best.first < 0 || late < best.late || (late == best.late && tie < best.tie))
@@ -563,7 +567,8 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
     }
     it = Sized(c, P, it);
     it.first_gpu = best.first;
-    const auto [fe, be] = ends(best.first, it.k);
+    const auto [fe, be] =
+        ends(best.first, it.k, ShardSeconds(c, P, it.k), ShardBackwardSeconds(c, P, it.k));
     for_ranks(best.first, it.k, [&](int r) { cur->fwd[r] = fe, cur->bwd[r] = be; });
     loads[best.first / per_stage].Add(best.first % per_stage, it.k, it.flops_per_gpu);
     if (it.k < gpus) tasks.Open(source[it.image], best.first, it.k, ShardSeconds(c, P, it.k));
