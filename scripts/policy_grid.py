@@ -7,9 +7,12 @@ are counted where `nested` is slower than `decoupled` or `optimus` and where `bu
 is slower than `nested` (with the worst ratio), and where `bubble-fill` is not strictly
 faster than `nested` although every rank's idle time without the encoder exceeds that
 rank's encoder work (in nested's plan: the step less `vision_exposed_s`, less the rank's
-busy time other than the encoder's, against its encoder seconds). Plans that fit the device memory come
-before those that do not, as the planner compares them: a slower plan that fits where the
-other does not is no loss, and one out of memory where the other fits is counted apart.
+busy time other than the encoder's, against its encoder seconds); of those, the points where
+nested's critical path has encoder work at its ends alone (one task's forward before the
+text, one task's backward after it) are marked: no placement of the same tasks is faster.
+Plans that fit the device memory come before those that do not, as the planner compares
+them: a slower plan that fits where the other does not is no loss, and one out of memory
+where the other fits is counted apart.
 Given two binaries (before, after), it also prints each policy's step ratio after /
 before: geometric mean, best and worst.
 
@@ -58,7 +61,8 @@ def step(binary, config, sets, policy):
     if out.returncode != 0:
         return None
     d = json.loads(out.stdout)
-    return d["oom"], d["step_time_s"], room(d)  # compared as the planner does: fitting first
+    # compared as the planner does: fitting first
+    return d["oom"], d["step_time_s"], room(d), ends_only(d)
 
 
 def room(d):
@@ -74,6 +78,26 @@ def room(d):
         if text_only - (r["busy_s"] - vision) <= vision:
             return False
     return True
+
+
+def ends_only(d):
+    """Whether the plan's critical path carries encoder work at its ends alone: one task's
+    forward before its first text compute op and one task's backward after its last, nothing
+    of the encoder between. The step is then that forward, the chain of text (and generator)
+    ops between, which no placement of the encoder's tasks shortens, and that backward: no
+    placement of the same tasks ends sooner."""
+    path = [x.split() for x in d.get("critical_path", [])]
+    text = [i for i, op in enumerate(path) if len(op) > 1 and op[1] in ("F", "B", "I", "W")]
+    if not text:
+        return False
+    compute = lambda ops: {tuple(op[2:4]) for op in ops if op[1].startswith("vision.")
+                           and op[1].split(".")[1] not in ("ALL_GATHER", "REDUCE_SCATTER")
+                           and not op[1].split(".")[1].startswith(("SEND", "RECV"))}
+    middle = [op for op in path[text[0]:text[-1] + 1] if op[1].startswith("vision.")]
+    head, tail = path[:text[0]], path[text[-1] + 1:]
+    return (not middle and len(compute(head)) <= 1 and len(compute(tail)) <= 1
+            and all(op[1] != "vision.B" for op in head)
+            and all(op[1] != "vision.F" for op in tail))
 
 
 def main():
@@ -114,10 +138,14 @@ def main():
             print("  (no busy seconds per module in this binary's output: room not counted)")
         same = [(c, s) for c, s in roomy
                 if steps[(b, c, s, "bubble-fill")][:2] >= steps[(b, c, s, "nested")][:2]]
+        ends = [(c, s) for c, s in same if steps[(b, c, s, "nested")][3]]
         print(f"  bubble-fill not strictly faster than nested where every rank's idle time "
-              f"without the encoder exceeds its encoder work: {len(same)} of {len(roomy)} points")
+              f"without the encoder exceeds its encoder work: {len(same)} of {len(roomy)} points"
+              f"; at {len(ends)} of them nested's critical path has encoder work at its ends "
+              f"alone (no placement of the same tasks is faster)")
         for c, s in same if a.list else []:
-            print(f"    {c} {' '.join(s)}")
+            mark = "  (encoder at the critical path's ends alone)" if (c, s) in ends else ""
+            print(f"    {c} {' '.join(s)}{mark}")
     if len(a.bin) == 2:
         old, new = a.bin
         for pol in POLICIES:
