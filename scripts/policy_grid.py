@@ -84,8 +84,9 @@ def ends_only(d):
     """Whether the plan's critical path carries encoder work at its ends alone: one task's
     forward before its first text compute op and one task's backward after its last, nothing
     of the encoder between. The step is then that forward, the chain of text (and generator)
-    ops between, which no placement of the encoder's tasks shortens, and that backward: no
-    placement of the same tasks ends sooner."""
+    ops between, which no placement of the encoder's tasks shortens (but for the link
+    contention of the encoder's transfers), and that backward: no placement of the same
+    tasks ends sooner."""
     path = [x.split() for x in d.get("critical_path", [])]
     text = [i for i, op in enumerate(path) if len(op) > 1 and op[1] in ("F", "B", "I", "W")]
     if not text:
