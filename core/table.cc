@@ -59,14 +59,6 @@ size_t Table::MemoryBytes() const {
 TableBuilder::TableBuilder(std::vector<RankInfo> ranks)
     : ranks_(std::move(ranks)), seq_(ranks_.size()) {}
 
-void TableBuilder::Reserve(size_t ops) {
-  Table& t = ops_;
-  ReserveHuge(t.rank_, ops), ReserveHuge(t.kind_, ops), ReserveHuge(t.module_, ops);
-  ReserveHuge(t.chunk_, ops), ReserveHuge(t.mb_, ops), ReserveHuge(t.task_, ops);
-  ReserveHuge(t.peer_, ops), ReserveHuge(t.piece_, ops), ReserveHuge(t.tag_, ops);
-  ReserveHuge(t.work_, ops);
-}
-
 WorkId TableBuilder::AddWork(const Work& w) {
   auto [it, inserted] = work_index_.emplace(w, static_cast<WorkId>(works_.size()));
   if (inserted) works_.push_back(w);
@@ -77,6 +69,30 @@ int32_t TableBuilder::AddGroup(std::vector<int32_t> ranks) {
   group_ranks_.insert(group_ranks_.end(), ranks.begin(), ranks.end());
   group_begin_.push_back(static_cast<uint32_t>(group_ranks_.size()));
   return static_cast<int32_t>(group_begin_.size()) - 2;
+}
+
+void TableBuilder::Resize(size_t ops) {
+  Table& t = ops_;
+  ResizeHuge(t.rank_, ops), ResizeHuge(t.kind_, ops), ResizeHuge(t.module_, ops);
+  ResizeHuge(t.chunk_, ops), ResizeHuge(t.mb_, ops), ResizeHuge(t.task_, ops);
+  ResizeHuge(t.peer_, ops), ResizeHuge(t.piece_, ops), ResizeHuge(t.tag_, ops);
+  ResizeHuge(t.work_, ops);
+}
+
+void TableBuilder::Set(Handle h, const OpKey& key, WorkId work, uint32_t tag) {
+  Table& t = ops_;
+  t.rank_[h] = key.rank, t.kind_[h] = key.kind, t.module_[h] = key.module;
+  t.chunk_[h] = key.chunk, t.mb_[h] = key.mb, t.task_[h] = key.task;
+  t.peer_[h] = key.peer, t.piece_[h] = key.piece;
+  t.tag_[h] = tag, t.work_[h] = work;
+}
+
+void TableBuilder::AddDeps(std::vector<std::pair<Handle, Handle>> deps) {
+  if (edges_.empty()) {
+    edges_ = std::move(deps);
+  } else {
+    edges_.insert(edges_.end(), deps.begin(), deps.end());
+  }
 }
 
 TableBuilder::Handle TableBuilder::Add(const OpKey& key, WorkId work, uint32_t tag) {

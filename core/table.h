@@ -215,10 +215,16 @@ class TableBuilder {
     return h;
   }
   void AddDep(Handle op, Handle on) { edges_.push_back({op, on}); }
+  // Sizes the op columns for `ops` ops in all: handles from size() to ops - 1 are then set
+  // with Set (from several threads, each on its own handles and ranks: Append) and become
+  // ops as if added in handle order.
+  void Resize(size_t ops);
+  void Set(Handle h, const OpKey& key, WorkId work, uint32_t tag = 0);
+  // Adds `deps` (op, on) in order, as AddDep one after another would.
+  void AddDeps(std::vector<std::pair<Handle, Handle>> deps);
   std::vector<std::vector<Handle>>& sequences() { return seq_; }
   OpKey key(Handle h) const { return ops_.key(h); }
   size_t size() const { return ops_.size(); }
-  void Reserve(size_t ops);
   // Fails if an added op is not in exactly one sequence. Leaves the builder without ops.
   // When ops were added in rank-major sequence order, their columns become the table's
   // as they are (no copy); otherwise they are permuted one column at a time.

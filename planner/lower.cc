@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "core/memory.h"
+#include "core/parallel.h"
 
 namespace pipeplan {
 
@@ -389,22 +390,32 @@ void SortByTag(std::vector<uint64_t>* v) {
   }
 }
 
-}  // namespace
+// What linking ranks [from, to) of the sequences found: their dependencies in the order
+// found, SENDs and RECVs as tag << 32 | op.
+struct Linked {
+  std::vector<std::pair<TableBuilder::Handle, TableBuilder::Handle>> deps;
+  std::vector<uint64_t> sends, recvs;
+  Status status = Status::Ok();
+};
 
-Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
-  size_t total = 0;
-  for (const RankSeq& s : seqs) total += s.size();
-  b->Reserve(total);
+// Links ranks [from, to): their ops become handles from `first` on, in sequence order
+// (TableBuilder::Set; the columns are sized). Their SENDs and RECVs are paired later.
+Linked LinkRanks(std::vector<RankSeq>& seqs, size_t from, size_t to, TableBuilder::Handle first,
+                 size_t total, TableBuilder* b) {
+  Linked out;
   // (tag, op) as tag << 32 | op: sorted as the pairs would be, by one integer compare.
   static_assert(sizeof(TableBuilder::Handle) == 4);
   auto tagged = [](uint32_t tag, TableBuilder::Handle h) { return uint64_t{tag} << 32 | h; };
-  auto tag_of = [](uint64_t x) { return static_cast<uint32_t>(x >> 32); };
-  auto op_of = [](uint64_t x) { return static_cast<TableBuilder::Handle>(x); };
-  std::vector<uint64_t> sends, recvs;
-  sends.reserve(total / 4);
-  recvs.reserve(total / 4);
-  size_t linked = 0;
-  for (RankSeq& seq : seqs) {
+  auto dep = [&](TableBuilder::Handle op, TableBuilder::Handle on) {
+    out.deps.push_back({op, on});
+  };
+  TableBuilder::Handle next = first;
+  size_t ops = 0, linked = 0;
+  for (size_t r = from; r < to; ++r) ops += seqs[r].size();
+  out.sends.reserve(ops / 4);
+  out.recvs.reserve(ops / 4);
+  for (size_t r = from; r < to; ++r) {
+    RankSeq& seq = seqs[r];
     // Last backward per (module, chunk) so far, and the rank's gradient collectives.
     std::vector<std::pair<int64_t, TableBuilder::Handle>> last_backward;
     std::vector<TableBuilder::Handle> grad_collectives;
@@ -430,7 +441,13 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
     std::vector<std::tuple<Module, int32_t, TableBuilder::Handle>> early_gather;
     for (const PendingOp& op : seq) {
       const OpKey& k = op.key;
-      TableBuilder::Handle h = b->AddAndAppend(k, op.work, op.tag);
+      if (k.rank != static_cast<int32_t>(r)) {  // each part appends to its own ranks only
+        out.status = Internal(fmt::format("{} in the sequence of rank {}", FormatOp(k), r));
+        return out;
+      }
+      const TableBuilder::Handle h = next++;
+      b->Set(h, k, op.work, op.tag);
+      b->Append(h);
       // Text gradients sync per chunk; modality gradients once per module (chunks are shards).
       const int32_t chunk = k.module == Module::kText ? k.chunk : -1;
       const int64_t mc = static_cast<int64_t>(k.module) << 32 | static_cast<uint32_t>(chunk);
@@ -440,39 +457,41 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
         // Gradient shards (pipeline ZeRO-2): an OFFLOAD after its reduction; a RELOAD after
         // its chunk's last OFFLOAD; the optimizer step after the RELOADs.
         if (k.kind == OpKind::kOffload) {
-          if (last_grad_reduce != UINT32_MAX) b->AddDep(h, last_grad_reduce);
+          if (last_grad_reduce != UINT32_MAX) dep(h, last_grad_reduce);
           grad_out[k.chunk].push_back(h);
           grad_out_all.push_back(h);
         } else {
-          if (!grad_out[k.chunk].empty()) b->AddDep(h, grad_out[k.chunk].back());
+          if (!grad_out[k.chunk].empty()) dep(h, grad_out[k.chunk].back());
           grad_in.push_back(h);
         }
       } else if (IsCopy(k.kind)) {  // saved activations: after the compute op before it
-        if (last_compute != UINT32_MAX) b->AddDep(h, last_compute);
+        if (last_compute != UINT32_MAX) dep(h, last_compute);
         if (k.kind == OpKind::kOffload) {
           offloaded.push_back({CopyKeyOf(k), h});
         } else {
           const TableBuilder::Handle o = take(offloaded, CopyKeyOf(k));
-          if (o == UINT32_MAX)
-            return Internal(fmt::format("{}: no OFFLOAD before it", FormatOp(k)));
-          b->AddDep(h, o);
+          if (o == UINT32_MAX) {
+            out.status = Internal(fmt::format("{}: no OFFLOAD before it", FormatOp(k)));
+            return out;
+          }
+          dep(h, o);
           reloaded.push_back({CopyKeyOf(k), h});
         }
       } else if (IsCompute(k.kind)) {
         last_compute = h;
         if (ReadsSaved(k.kind) && !reloaded.empty())
-          if (const TableBuilder::Handle r = take(reloaded, CopyKeyOf(k)); r != UINT32_MAX)
-            b->AddDep(h, r);
+          if (const TableBuilder::Handle back = take(reloaded, CopyKeyOf(k)); back != UINT32_MAX)
+            dep(h, back);
       }
       if (IsSend(k.kind)) {
-        sends.push_back(tagged(op.tag, h));
+        out.sends.push_back(tagged(op.tag, h));
       } else if (IsRecv(k.kind)) {
-        recvs.push_back(tagged(op.tag, h));
+        out.recvs.push_back(tagged(op.tag, h));
       } else if (k.kind == OpKind::kB || k.kind == OpKind::kW) {
         // Pipeline ZeRO-2: the rank's gradient double buffer is free again once the shard
         // of the weight gradients two backwards back (any chunk) is on the host.
         if (k.module == Module::kText && grad_out_all.size() >= 2)
-          b->AddDep(h, grad_out_all[grad_out_all.size() - 2]);
+          dep(h, grad_out_all[grad_out_all.size() - 2]);
         if (last == last_backward.end())
           last_backward.push_back({mc, h});
         else
@@ -482,11 +501,11 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
         // back follow their chunk's step.
         if (k.piece == 1) {
           for (auto [step_chunk, step] : steps)
-            if (step_chunk == k.chunk) b->AddDep(h, step);
+            if (step_chunk == k.chunk) dep(h, step);
           muon_back.push_back({k.chunk, h});
         } else {
-          for (TableBuilder::Handle g : grad_in) b->AddDep(h, g);
-          for (TableBuilder::Handle c : grad_collectives) b->AddDep(h, c);
+          for (TableBuilder::Handle g : grad_in) dep(h, g);
+          for (TableBuilder::Handle c : grad_collectives) dep(h, c);
           muon_gathers.push_back({k.chunk, h});
         }
       } else if (k.kind == OpKind::kOptStep) {
@@ -495,29 +514,29 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
         opt_step = h;
         steps.push_back({k.chunk, h});
         if (k.chunk < 0)
-          for (TableBuilder::Handle c : grad_collectives) b->AddDep(h, c);
+          for (TableBuilder::Handle c : grad_collectives) dep(h, c);
         for (auto [gather_chunk, g] : muon_gathers)
-          if (gather_chunk == k.chunk) b->AddDep(h, g);
-        for (TableBuilder::Handle c : grad_in) b->AddDep(h, c);
+          if (gather_chunk == k.chunk) dep(h, g);
+        for (TableBuilder::Handle c : grad_in) dep(h, c);
       } else if (k.kind == OpKind::kAllGather && opt_step != UINT32_MAX) {
-        b->AddDep(h, opt_step);
+        dep(h, opt_step);
         for (auto [chunk_back, back] : muon_back)  // the updated parameters are back
-          if (chunk_back == k.chunk && k.module == Module::kText) b->AddDep(h, back);
+          if (chunk_back == k.chunk && k.module == Module::kText) dep(h, back);
       } else if (k.kind == OpKind::kAllGather) {
         early_gather.push_back({k.module, k.module == Module::kText ? k.chunk : -1, h});
       } else if (k.kind == OpKind::kF) {
         for (auto& [module, gather_chunk, g] : early_gather)
           if (module == k.module && gather_chunk == chunk && g != UINT32_MAX)
-            b->AddDep(h, g), g = UINT32_MAX;
+            dep(h, g), g = UINT32_MAX;
       } else if (IsCollective(k.kind) && k.module == Module::kText && k.chunk < 0) {
         // The tied embedding's gradient: complete after the rank's last text backward (and
         // back from the host, pipeline ZeRO-2).
         for (auto& [key, op_h] : last_backward)
-          if (key >> 32 == static_cast<int64_t>(Module::kText)) b->AddDep(h, op_h);
-        for (TableBuilder::Handle g : grad_in) b->AddDep(h, g);
+          if (key >> 32 == static_cast<int64_t>(Module::kText)) dep(h, op_h);
+        for (TableBuilder::Handle g : grad_in) dep(h, g);
         grad_collectives.push_back(h);
       } else if (IsCollective(k.kind)) {
-        if (last != last_backward.end()) b->AddDep(h, last->second);
+        if (last != last_backward.end()) dep(h, last->second);
         grad_collectives.push_back(h);
         if (k.mb >= 0) last_grad_reduce = h;  // a per-micro-batch reduction
       }
@@ -525,6 +544,36 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
     RankSeq().swap(seq);  // in the builder now: released as it goes
     if (total >= kReleaseFromOps && ++linked % 256 == 0) ReleaseFreeMemory();
   }
+  return out;
+}
+
+}  // namespace
+
+Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
+  const size_t R = seqs.size();
+  std::vector<size_t> begin(R + 1, b->size());  // each rank's first handle
+  for (size_t r = 0; r < R; ++r) begin[r + 1] = begin[r] + seqs[r].size();
+  const size_t total = begin[R] - begin[0];
+  b->Resize(begin[R]);
+  // Large tables are linked in two parts of ranks side by side (the rank that holds the
+  // middle op starts the second), each into its own handles; the dependencies are added in
+  // rank order, as one pass over the ranks would add them.
+  const size_t mid =
+      total >= kParallelFromOps
+          ? std::upper_bound(begin.begin(), begin.end(), begin[0] + total / 2) - begin.begin() - 1
+          : R;
+  std::array<Linked, 2> part;
+  RunParallel(mid < R ? 2 : 1, [&](size_t k) {
+    const size_t from = k == 0 ? 0 : mid, to = k == 0 ? mid : R;
+    part[k] = LinkRanks(seqs, from, to, static_cast<TableBuilder::Handle>(begin[from]), total, b);
+  });
+  for (Linked& p : part) RETURN_IF_ERROR(p.status);
+  auto tag_of = [](uint64_t x) { return static_cast<uint32_t>(x >> 32); };
+  auto op_of = [](uint64_t x) { return static_cast<TableBuilder::Handle>(x); };
+  std::vector<uint64_t> sends = std::move(part[0].sends), recvs = std::move(part[0].recvs);
+  sends.insert(sends.end(), part[1].sends.begin(), part[1].sends.end());
+  recvs.insert(recvs.end(), part[1].recvs.begin(), part[1].recvs.end());
+  for (Linked& p : part) b->AddDeps(std::move(p.deps));
   SortByTag(&sends);
   SortByTag(&recvs);
   for (size_t i = 1; i < sends.size(); ++i)

@@ -14,6 +14,7 @@
 #include "core/table_io.h"
 #include "helpers.h"
 #include "planner/plan.h"
+#include "planner/validate.h"
 #include "simulator/metrics.h"
 
 using namespace pipeplan;
@@ -69,11 +70,14 @@ TEST_CASE("Chrome trace streams in pieces, and the sink's first error stops it")
 
 TEST_CASE("simulate: a table large enough for both cores gives the same result every time") {
   // dp 64 x pp 4 x 64 micro-batches: above kParallelFromOps ops and transfers, so the
-  // contention sweep runs in parts and the exposure pass beside memory and metrics.
+  // table is linked in two parts of ranks side by side, the contention sweep runs in parts
+  // and the exposure pass beside memory and metrics.
   Config c = SmallConfig(PipelineKind::k1F1B, 4, 1, 64, 64,
                          {"cluster.nodes=32", "cluster.gpus_per_node=8"});
   const Table t = Plan(c);
   REQUIRE(t.size() >= kParallelFromOps);
+  CHECK(ValidatePlan(t).ok());
+  CHECK(SerializePb(Plan(c)) == SerializePb(t));
   auto a = RunSimulation(t, SimOptionsFor(c));
   auto b = RunSimulation(t, SimOptionsFor(c));
   REQUIRE(a.ok());
