@@ -1506,13 +1506,18 @@ struct Judged {
 StatusOr<Judged> Judge(const Config& c, const Table& t, std::vector<double>* over = nullptr) {
   SimOptions o = SimOptionsFor(c);
   o.exposure = false;
-  ASSIGN_OR_RETURN(const SimResult r, RunSimulation(t, o));
-  if (over) {
-    over->assign(r.memory.size(), 0);
-    for (size_t k = 0; k < r.memory.size(); ++k)
-      (*over)[k] = std::max(0.0, r.memory[k].peak_bytes - o.memory.hbm_bytes);
+  Judged judged;
+  {
+    ASSIGN_OR_RETURN(const SimResult r, RunSimulation(t, o));
+    if (over) {
+      over->assign(r.memory.size(), 0);
+      for (size_t k = 0; k < r.memory.size(); ++k)
+        (*over)[k] = std::max(0.0, r.memory[k].peak_bytes - o.memory.hbm_bytes);
+    }
+    judged = {r.metrics.oom, r.metrics.step_time_s};
   }
-  return Judged{r.metrics.oom, r.metrics.step_time_s};
+  if (t.size() >= kReleaseFromOps) ReleaseFreeMemory();  // the simulation's arrays
+  return judged;
 }
 // Whether plan b of c is better than plan a: it fits where a does not, or is faster.
 StatusOr<bool> Better(const Config& c, const Table& a, const Table& b) {
