@@ -1,7 +1,6 @@
 #include "planner/modality.h"
 
 #include <algorithm>
-#include <functional>
 #include <limits>
 #include <map>
 #include <numeric>

@@ -81,17 +81,19 @@ def room(d):
 
 
 def ends_only(d):
-    """Whether the plan's critical path carries encoder work at its ends alone: one task's
-    forward before its first text compute op and one task's backward after its last, nothing
-    of the encoder between. The step is then that forward, the chain of text (and generator)
-    ops between, which no placement of the encoder's tasks shortens (but for the link
-    contention of the encoder's transfers), and that backward: no placement of the same
-    tasks ends sooner."""
-    path = [x.split() for x in d.get("critical_path", [])]
-    text = [i for i, op in enumerate(path) if len(op) > 1 and op[1] in ("F", "B", "I", "W")]
+    """Whether the plan's critical path carries encoder work at its ends alone: at most one
+    task's forward before its first text compute op and at most one task's backward after its
+    last, nothing of the encoder between. The step is then that forward, the chain of text
+    (and generator) ops between, which no placement of the encoder's tasks shortens (but for
+    the link contention of the encoder's transfers), and that backward: no placement of the
+    same tasks ends sooner."""
+    path = [x.split() for x in d.get("critical_path", []) if len(x.split()) > 1]
+    text = [i for i, op in enumerate(path) if op[1] in ("F", "B", "I", "W")]
     if not text:
         return False
-    compute = lambda ops: {tuple(op[2:4]) for op in ops if op[1].startswith("vision.")
+    # A task by its micro-batch and task number (a gang's shards, "c<shard>", are one task).
+    task = lambda op: tuple(w for w in op[2:] if w[0] in "mt" and w[1:].isdigit())
+    compute = lambda ops: {task(op) for op in ops if op[1].startswith("vision.")
                            and op[1].split(".")[1] not in ("ALL_GATHER", "REDUCE_SCATTER")
                            and not op[1].split(".")[1].startswith(("SEND", "RECV"))}
     middle = [op for op in path[text[0]:text[-1] + 1] if op[1].startswith("vision.")]
