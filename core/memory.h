@@ -11,6 +11,9 @@
 #endif
 
 #include <cstdint>
+#include <memory>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace pipeplan {
@@ -19,8 +22,8 @@ inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 
 // Reserves room for n elements in `v`; a new buffer of at least a few huge pages is
 // advised for huge pages before its pages are first touched.
-template <typename T>
-void ReserveHuge(std::vector<T>& v, size_t n) {
+template <typename T, typename A>
+void ReserveHuge(std::vector<T, A>& v, size_t n) {
   if (v.capacity() >= n) return;
   v.reserve(n);
   if (n * sizeof(T) < 2 * kHugePageBytes) return;
@@ -29,11 +32,38 @@ void ReserveHuge(std::vector<T>& v, size_t n) {
   const uintptr_t last = (begin + n * sizeof(T)) & ~(kHugePageBytes - 1);
   if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
 }
-template <typename T>
-void ResizeHuge(std::vector<T>& v, size_t n) {
+template <typename T, typename A>
+void ResizeHuge(std::vector<T, A>& v, size_t n) {
   ReserveHuge(v, n);
   v.resize(n);
 }
+
+// An allocator whose construction without a value leaves an element unset (`resize`
+// writes nothing), for arrays sized beforehand and filled afterwards: a large one takes
+// memory page by page as it is written, not all at once when sized.
+template <typename T>
+struct UnsetAllocator : std::allocator<T> {
+  static_assert(std::is_trivially_default_constructible_v<T>);
+  template <typename U>
+  struct rebind {
+    using other = UnsetAllocator<U>;
+  };
+  UnsetAllocator() = default;
+  template <typename U>
+  UnsetAllocator(const UnsetAllocator<U>&) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+};
+// A table column: every element is written after it is sized (TableBuilder::Resize,
+// Finish's permutation, a plan read from a file).
+template <typename T>
+using Column = std::vector<T, UnsetAllocator<T>>;
 
 // Hands freed heap memory back to the system. Phases that free many small blocks while
 // the next phase allocates large ones (mapped apart from the heap) would otherwise keep

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/memory.h"
 #include "core/op.h"
 
 namespace pipeplan {
@@ -183,10 +184,10 @@ class Table {
  private:
   friend class TableBuilder;
   friend class TableColumns;
-  std::vector<int32_t> rank_, chunk_, mb_, task_, peer_, piece_;
-  std::vector<OpKind> kind_;
-  std::vector<Module> module_;
-  std::vector<uint32_t> tag_, work_;
+  Column<int32_t> rank_, chunk_, mb_, task_, peer_, piece_;
+  Column<OpKind> kind_;
+  Column<Module> module_;
+  Column<uint32_t> tag_, work_;
   std::vector<uint32_t> dep_begin_{0}, deps_;
   std::vector<uint32_t> rank_begin_{0};
   std::vector<RankInfo> ranks_;
@@ -217,7 +218,8 @@ class TableBuilder {
   void AddDep(Handle op, Handle on) { edges_.push_back({op, on}); }
   // Sizes the op columns for `ops` ops in all: handles from size() to ops - 1 are then set
   // with Set (from several threads, each on its own handles and ranks: Append) and become
-  // ops as if added in handle order.
+  // ops as if added in handle order. Each must be set: the new handles' columns are unset
+  // (their memory is taken as they are set).
   void Resize(size_t ops);
   void Set(Handle h, const OpKey& key, WorkId work, uint32_t tag = 0);
   // Adds `deps` (op, on) in order, as AddDep one after another would.

@@ -32,7 +32,7 @@ void ReadColumn(const Src& src, Dst* dst) {
 }
 
 template <typename Src, typename T>
-bool ReadEnumColumn(const Src& src, int count, std::vector<T>* dst) {
+bool ReadEnumColumn(const Src& src, int count, Column<T>* dst) {
   dst->resize(src.size());
   for (int i = 0; i < src.size(); ++i) {
     if (src[i] < 0 || src[i] >= count) return false;

@@ -554,6 +554,9 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
   std::vector<size_t> begin(R + 1, b->size());  // each rank's first handle
   for (size_t r = 0; r < R; ++r) begin[r + 1] = begin[r] + seqs[r].size();
   const size_t total = begin[R] - begin[0];
+  // The sequences' growth (sends, receives, collectives added) leaves freed blocks behind;
+  // the columns below take memory as the ranks are linked and their sequences released.
+  if (total >= kReleaseFromOps) ReleaseFreeMemory();
   b->Resize(begin[R]);
   // Large tables are linked in two parts of ranks side by side (the rank that holds the
   // middle op starts the second), each into its own handles; the dependencies are added in

@@ -34,6 +34,10 @@ LinkContention::LinkContention(const Table& t, const CostModel& cost) : unit_(co
     for (int32_t r : members)
       if (t.ranks()[r].node != t.ranks()[members[0]].node) spans_nodes[g] = true;
   }
+  // Counted first: the arrays are sized to the transfers (a large share of a table's ops).
+  size_t count = 0;
+  for (OpId i = 0; i < t.size(); ++i) count += Directions(t, i, spans_nodes) != 0;
+  ops_.reserve(count), dirs_.reserve(count);
   begin_.assign(t.num_ranks() + 1, 0);
   for (int32_t r = 0; r < t.num_ranks(); ++r) {
     for (OpId i = t.rank_begin(r); i < t.rank_end(r); ++i)
@@ -45,10 +49,13 @@ LinkContention::LinkContention(const Table& t, const CostModel& cost) : unit_(co
   }
 }
 
-std::vector<double> LinkContention::Durations(const Timeline& tl,
-                                              const std::vector<double>& base) const {
-  std::vector<double> out = base;
-  if (unit_) return out;
+void LinkContention::KeepBase(const std::vector<double>& base) {
+  base_.resize(ops_.size());
+  for (size_t k = 0; k < ops_.size(); ++k) base_[k] = base[ops_[k]];
+}
+
+bool LinkContention::Update(const Timeline& tl, std::vector<double>* durations) const {
+  if (unit_) return false;
   // Ranks are independent (each writes its own ops): large tables are swept in parts of
   // about equal transfer counts, on the machine's cores.
   constexpr size_t kParts = 8;
@@ -57,16 +64,22 @@ std::vector<double> LinkContention::Durations(const Timeline& tl,
   for (size_t p = 0; p < parts; ++p)
     first_rank[p] = std::lower_bound(begin_.begin(), begin_.end() - 1, p * ops_.size() / parts) -
                     begin_.begin();
-  RunParallel(parts, [&](size_t p) { Sweep(first_rank[p], first_rank[p + 1], tl, base, &out); });
-  return out;
+  std::vector<char> changed(parts, 0);
+  RunParallel(parts, [&](size_t p) {
+    changed[p] = Sweep(first_rank[p], first_rank[p + 1], tl, durations);
+  });
+  return std::find(changed.begin(), changed.end(), 1) != changed.end();
 }
 
-void LinkContention::Sweep(size_t from, size_t to, const Timeline& tl,
-                           const std::vector<double>& base, std::vector<double>* out) const {
+bool LinkContention::Sweep(size_t from, size_t to, const Timeline& tl,
+                           std::vector<double>* out) const {
   struct Span {
     double start, end;
-    OpId op;
-    int dirs;
+    size_t k;  // the transfer
+  };
+  bool changed = false;
+  auto set = [&](size_t k, double d) {
+    if ((*out)[ops_[k]] != d) (*out)[ops_[k]] = d, changed = true;
   };
   std::vector<Span> spans;
   std::vector<double> shared;  // per span: overlap with others on a shared direction
@@ -75,10 +88,12 @@ void LinkContention::Sweep(size_t from, size_t to, const Timeline& tl,
     spans.clear();
     for (size_t k = begin_[r]; k < begin_[r + 1]; ++k)
       if (const OpId i = ops_[k]; tl.end[i] > tl.start[i])
-        spans.push_back({tl.start[i], tl.end[i], i, dirs_[k]});
-    if (spans.size() < 2) continue;
+        spans.push_back({tl.start[i], tl.end[i], k});
+      else
+        set(k, base_[k]);  // takes no time: shares nothing
+    // In start order (transfers are in op order within the rank).
     std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
-      return a.start < b.start || (a.start == b.start && a.op < b.op);
+      return a.start < b.start || (a.start == b.start && a.k < b.k);
     });
     shared.assign(spans.size(), 0.0);
     // Sweep in start order; the active set holds the spans not yet ended, sorted by
@@ -91,7 +106,7 @@ void LinkContention::Sweep(size_t from, size_t to, const Timeline& tl,
         active.erase(active.begin(), active.begin() + first), first = 0;
       for (size_t a = first; a < active.size(); ++a) {
         const auto [end, j] = active[a];
-        if (!(spans[j].dirs & spans[k].dirs)) continue;
+        if (!(dirs_[spans[j].k] & dirs_[spans[k].k])) continue;
         const double overlap = std::min(end, spans[k].end) - spans[k].start;
         shared[j] += overlap, shared[k] += overlap;
       }
@@ -99,17 +114,22 @@ void LinkContention::Sweep(size_t from, size_t to, const Timeline& tl,
       active.insert(std::upper_bound(active.begin() + first, active.end(), entry), entry);
     }
     for (size_t k = 0; k < spans.size(); ++k) {
-      if (shared[k] <= 0) continue;
-      const OpId i = spans[k].op;
-      const double bw_term = std::max(0.0, base[i] - alpha_);
-      (*out)[i] = base[i] + bw_term * shared[k] / (spans[k].end - spans[k].start);
+      const double base = base_[spans[k].k];
+      const double bw_term = std::max(0.0, base - alpha_);
+      set(spans[k].k,
+          shared[k] <= 0 ? base : base + bw_term * shared[k] / (spans[k].end - spans[k].start));
     }
   }
+  return changed;
 }
 
 std::vector<double> ContendedDurations(const Table& t, const Timeline& tl,
                                        const std::vector<double>& base, const CostModel& cost) {
-  return LinkContention(t, cost).Durations(tl, base);
+  LinkContention links(t, cost);
+  links.KeepBase(base);
+  std::vector<double> out = base;
+  links.Update(tl, &out);
+  return out;
 }
 
 }  // namespace pipeplan

@@ -19,23 +19,27 @@ namespace pipeplan {
 
 inline constexpr int kContentionPasses = 4;
 
-// The transfers of a table that use a NIC direction, per rank, found once: the passes of
-// RunSimulation then look at those ops only.
+// The transfers of a table that use a NIC direction, per rank, found once, with their
+// uncontended durations: the passes of RunSimulation then look at those ops only.
 class LinkContention {
  public:
   LinkContention(const Table& t, const CostModel& cost);
-  // The durations with contention, from the uncontended `base` and a timeline of the table.
-  std::vector<double> Durations(const Timeline& tl, const std::vector<double>& base) const;
+  // The uncontended durations of the table's ops (the transfers' are kept).
+  void KeepBase(const std::vector<double>& base);
+  // `durations` holds the uncontended durations but for the transfers: their contended
+  // durations with the timeline tl are written there (KeepBase first); whether any of them
+  // changed (the passes end where none did, without a second array of durations).
+  bool Update(const Timeline& tl, std::vector<double>* durations) const;
 
  private:
-  // Ranks [from, to) into `out`.
-  void Sweep(size_t from, size_t to, const Timeline& tl, const std::vector<double>& base,
-             std::vector<double>* out) const;
+  // Ranks [from, to) into `out`; whether a duration changed.
+  bool Sweep(size_t from, size_t to, const Timeline& tl, std::vector<double>* out) const;
   bool unit_ = false;
   double alpha_ = 0;           // the inter-node latency (not stretched)
   std::vector<size_t> begin_;  // per rank r: its transfers at [begin_[r], begin_[r + 1])
   std::vector<OpId> ops_;      // in op order within a rank
   std::vector<uint8_t> dirs_;  // per transfer: kEgress | kIngress bits
+  std::vector<double> base_;   // per transfer: its uncontended duration
 };
 
 // The same, for one timeline.

@@ -82,12 +82,11 @@ StatusOr<SimResult> RunSimulation(const Table& t, const SimOptions& o) {
       },
       parallel ? 0 : 1);
   ASSIGN_OR_RETURN(const EngineIndex index, std::move(indexed));
-  r.durations = base;
+  links->KeepBase(base);
+  r.durations = std::move(base);
   ASSIGN_OR_RETURN(r.timeline, Simulate(t, r.durations, index));
   for (int pass = 0; pass < kContentionPasses; ++pass) {  // link contention (contention.h)
-    std::vector<double> next = links->Durations(r.timeline, base);
-    if (next == r.durations) break;
-    r.durations = std::move(next);
+    if (!links->Update(r.timeline, &r.durations)) break;
     ASSIGN_OR_RETURN(r.timeline, Simulate(t, r.durations, index, std::move(r.timeline)));
   }
   // The passes without a module, or with instant copies, beside the memory and metrics.

@@ -521,6 +521,15 @@ TEST_CASE("link contention: transfers on one NIC direction share its bandwidth")
   REQUIRE(tl.ok());
   auto d = ContendedDurations(same, *tl, base, cost);
   for (OpId i = 0; i < same.size(); ++i) CHECK(d[i] == doctest::Approx(alpha + 2 * bytes / bw));
+  // In place, as RunSimulation's passes run it: the first update stretches the transfers;
+  // a second with the same timeline changes nothing (the passes stop there).
+  LinkContention links(same, cost);
+  links.KeepBase(base);
+  std::vector<double> in_place = base;
+  CHECK(links.Update(*tl, &in_place));
+  CHECK(in_place == d);
+  CHECK_FALSE(links.Update(*tl, &in_place));
+  CHECK(in_place == d);
   auto r = RunSimulation(same, o);
   REQUIRE(r.ok());
   CHECK(r->metrics.step_time_s == doctest::Approx(alpha + 2 * bytes / bw));
