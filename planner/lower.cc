@@ -549,7 +549,7 @@ Linked LinkRanks(std::vector<RankSeq>& seqs, size_t from, size_t to, TableBuilde
 
 }  // namespace
 
-Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
+Status Link(std::vector<RankSeq> seqs, TableBuilder* b, size_t parallel_from) {
   const size_t R = seqs.size();
   std::vector<size_t> begin(R + 1, b->size());  // each rank's first handle
   for (size_t r = 0; r < R; ++r) begin[r + 1] = begin[r] + seqs[r].size();
@@ -562,7 +562,7 @@ Status Link(std::vector<RankSeq> seqs, TableBuilder* b) {
   // middle op starts the second), each into its own handles; the dependencies are added in
   // rank order, as one pass over the ranks would add them.
   const size_t mid =
-      total >= kParallelFromOps
+      total >= parallel_from
           ? std::upper_bound(begin.begin(), begin.end(), begin[0] + total / 2) - begin.begin() - 1
           : R;
   std::array<Linked, 2> part;

@@ -6,6 +6,7 @@
 #include <functional>
 #include <vector>
 
+#include "core/parallel.h"
 #include "core/table.h"
 #include "planner/schedules.h"
 
@@ -170,7 +171,10 @@ Status AddHostCopies(std::vector<RankSeq>* seqs, const HostCopyModel& model, Tab
 // an ALL_GATHER before any compute of its chunk: that chunk's first text F -> it;
 // OFFLOAD -> the compute op before it (its forward); RELOAD -> its OFFLOAD and the compute
 // op before it; the first reader of the activations -> their RELOAD.
-Status Link(std::vector<RankSeq> seqs, TableBuilder* builder);
+// Sequences of `parallel_from` ops and more are linked in two parts of ranks side by side
+// (the same table as one pass).
+Status Link(std::vector<RankSeq> seqs, TableBuilder* builder,
+            size_t parallel_from = kParallelFromOps);
 
 // `bucket` < kMaxBuckets: one reduction per bucket of an overlapped gradient reduction.
 uint32_t CollectiveTag(OpKind kind, Module module, int32_t chunk, int bucket = 0);

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <functional>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "core/parallel.h"
 #include "core/table_io.h"
 #include "helpers.h"
+#include "planner/lower.h"
 #include "planner/plan.h"
 #include "planner/validate.h"
 #include "simulator/metrics.h"
@@ -91,6 +93,51 @@ TEST_CASE("simulate: a table large enough for both cores gives the same result e
   size_t stretched = 0;
   for (OpId i = 0; i < t.size(); ++i) stretched += a->durations[i] > base[i];
   CHECK(stretched > 0);
+}
+
+// The per-rank sequences a table was linked from (its ops in rank order) and a builder
+// holding its ranks, works and groups, as the planner hands them to Link.
+std::pair<std::vector<RankSeq>, TableBuilder> SequencesOf(const Table& t) {
+  TableBuilder b(t.ranks());
+  for (size_t k = 0; k < t.works().size(); ++k) REQUIRE(b.AddWork(t.works()[k]) == k);
+  for (int32_t g = 0; g < t.num_groups(); ++g) {
+    auto members = t.group(g);
+    REQUIRE(b.AddGroup({members.begin(), members.end()}) == g);
+  }
+  std::vector<RankSeq> seqs(t.num_ranks());
+  for (OpId i = 0; i < t.size(); ++i) seqs[t.rank(i)].push_back({t.key(i), t.work_id(i), t.tag(i)});
+  return {std::move(seqs), std::move(b)};
+}
+
+TEST_CASE("Link: two parts of ranks side by side give the table one pass gives") {
+  Config c = SmallConfig(PipelineKind::k1F1B, 4, 1, 64, 64,
+                         {"cluster.nodes=32", "cluster.gpus_per_node=8"});
+  const Table t = Plan(c);
+  REQUIRE(t.size() >= kParallelFromOps);
+  // Every dependency of a plan comes from Link: the same sequences give the same table,
+  // linked in one pass (no part is large enough) and in two.
+  std::vector<std::string> linked;
+  for (size_t parallel_from : {std::numeric_limits<size_t>::max(), size_t{0}}) {
+    CAPTURE(parallel_from);
+    auto [seqs, b] = SequencesOf(t);
+    REQUIRE(Link(std::move(seqs), &b, parallel_from).ok());
+    auto table = b.Finish(t.meta());
+    REQUIRE(table.ok());
+    linked.push_back(SerializePb(*table));
+  }
+  CHECK(linked[0] == SerializePb(t));
+  CHECK(linked[1] == linked[0]);
+  // An op in another rank's sequence is an error, in either part, not an op of that rank.
+  for (int32_t moved_from : {0, t.num_ranks() - 1}) {
+    CAPTURE(moved_from);
+    auto [seqs, b] = SequencesOf(t);
+    const int32_t to = moved_from == 0 ? 1 : moved_from - 1;
+    seqs[to].push_back(seqs[moved_from].back());
+    seqs[moved_from].pop_back();
+    const Status s = Link(std::move(seqs), &b, 0);
+    CHECK(s.code() == ErrorCode::kInternal);
+    CHECK(s.message().find(fmt::format("in the sequence of rank {}", to)) != std::string::npos);
+  }
 }
 
 TEST_CASE("plan share: every policy's plan is the same with a share as without, from two threads") {
