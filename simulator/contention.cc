@@ -75,7 +75,8 @@ bool LinkContention::Sweep(size_t from, size_t to, const Timeline& tl,
                            std::vector<double>* out) const {
   struct Span {
     double start, end;
-    size_t k;  // the transfer
+    uint32_t k;  // the transfer
+    int dirs;
   };
   bool changed = false;
   auto set = [&](size_t k, double d) {
@@ -88,7 +89,7 @@ bool LinkContention::Sweep(size_t from, size_t to, const Timeline& tl,
     spans.clear();
     for (size_t k = begin_[r]; k < begin_[r + 1]; ++k)
       if (const OpId i = ops_[k]; tl.end[i] > tl.start[i])
-        spans.push_back({tl.start[i], tl.end[i], k});
+        spans.push_back({tl.start[i], tl.end[i], static_cast<uint32_t>(k), dirs_[k]});
       else
         set(k, base_[k]);  // takes no time: shares nothing
     // In start order (transfers are in op order within the rank).
@@ -106,7 +107,7 @@ bool LinkContention::Sweep(size_t from, size_t to, const Timeline& tl,
         active.erase(active.begin(), active.begin() + first), first = 0;
       for (size_t a = first; a < active.size(); ++a) {
         const auto [end, j] = active[a];
-        if (!(dirs_[spans[j].k] & dirs_[spans[k].k])) continue;
+        if (!(spans[j].dirs & spans[k].dirs)) continue;
         const double overlap = std::min(end, spans[k].end) - spans[k].start;
         shared[j] += overlap, shared[k] += overlap;
       }
