@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <functional>
 
@@ -34,15 +35,20 @@ Work LayerShare(const Work& w, int begin, int end) {
 }
 
 size_t WorkHash::operator()(const Work& w) const {
-  size_t h = 0;
-  auto mix = [&h](auto v) {
-    h ^= std::hash<decltype(v)>()(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  // Each field's bits mixed in (multiply and fold); a real as its bits with -0.0 as 0.0
+  // (they compare equal, so they must hash equal).
+  uint64_t h = 0;
+  auto mix = [&h](uint64_t v) {
+    h = (h ^ v) * 0x9e3779b97f4a7c15ULL;
+    h ^= h >> 29;
   };
-  mix(w.flops), mix(w.attn_flops), mix(w.fp8_flops), mix(w.model_flops), mix(w.hbm_bytes),
-      mix(w.payload_bytes);
-  mix(w.mem_delta_bytes), mix(w.tp_bytes), mix(w.ep_bytes), mix(w.tp_calls), mix(w.ep_calls);
-  mix(w.kernels), mix(w.layer_begin), mix(w.layer_end), mix(w.saved_fp8);
-  mix(w.ep_overlap_bytes), mix(w.ep_overlap_flops), mix(w.ep_overlap_calls);
+  auto real = [&mix](double v) { mix(std::bit_cast<uint64_t>(v + 0.0)); };
+  auto count = [&mix](int32_t v) { mix(static_cast<uint32_t>(v)); };
+  real(w.flops), real(w.attn_flops), real(w.fp8_flops), real(w.model_flops), real(w.hbm_bytes);
+  real(w.payload_bytes), real(w.mem_delta_bytes), real(w.tp_bytes), real(w.ep_bytes);
+  count(w.tp_calls), count(w.ep_calls), count(w.kernels), count(w.layer_begin);
+  count(w.layer_end), mix(w.saved_fp8);
+  real(w.ep_overlap_bytes), real(w.ep_overlap_flops), count(w.ep_overlap_calls);
   return h;
 }
 
@@ -60,7 +66,7 @@ TableBuilder::TableBuilder(std::vector<RankInfo> ranks)
     : ranks_(std::move(ranks)), seq_(ranks_.size()) {}
 
 WorkId TableBuilder::AddWork(const Work& w) {
-  auto [it, inserted] = work_index_.emplace(w, static_cast<WorkId>(works_.size()));
+  auto [it, inserted] = work_index_.try_emplace(w, static_cast<WorkId>(works_.size()));
   if (inserted) works_.push_back(w);
   return it->second;
 }
@@ -138,23 +144,30 @@ StatusOr<Table> TableBuilder::Finish(PlanMeta meta) {
   take(o.rank_, t.rank_), take(o.kind_, t.kind_), take(o.module_, t.module_);
   take(o.chunk_, t.chunk_), take(o.mb_, t.mb_), take(o.task_, t.task_), take(o.peer_, t.peer_);
   take(o.piece_, t.piece_), take(o.tag_, t.tag_), take(o.work_, t.work_);
-  // CSR of dependencies (counting sort by op), each op's list sorted and deduplicated.
-  std::vector<uint32_t> begin(n + 1, 0);
+  // CSR of dependencies (counting sort by op), each op's list sorted and deduplicated in
+  // place (the lists move down over the duplicates; the offsets are rewritten as they go).
+  std::vector<uint32_t>& begin = t.dep_begin_;
+  ResizeHuge(begin, n + 1);
+  std::fill(begin.begin(), begin.end(), 0);
   for (auto& [op, on] : edges_) ++begin[id_of[op] + 1];
   for (size_t i = 0; i < n; ++i) begin[i + 1] += begin[i];
-  std::vector<uint32_t> deps(edges_.size()), fill(begin.begin(), begin.end() - 1);
-  for (auto& [op, on] : edges_) deps[fill[id_of[op]]++] = id_of[on];
-  edges_ = {}, fill = {}, id_of = {};
-  ResizeHuge(t.dep_begin_, n + 1);
-  t.dep_begin_[0] = 0;
-  ResizeHuge(t.deps_, deps.size());
-  t.deps_.clear();
-  for (size_t i = 0; i < n; ++i) {
-    auto first = deps.begin() + begin[i], last = deps.begin() + begin[i + 1];
-    std::sort(first, last);
-    t.deps_.insert(t.deps_.end(), first, std::unique(first, last));
-    t.dep_begin_[i + 1] = static_cast<uint32_t>(t.deps_.size());
+  std::vector<uint32_t>& deps = t.deps_;
+  ResizeHuge(deps, edges_.size());
+  {
+    std::vector<uint32_t> fill(begin.begin(), begin.end() - 1);
+    for (auto& [op, on] : edges_) deps[fill[id_of[op]]++] = id_of[on];
   }
+  edges_ = {}, id_of = {};
+  uint32_t kept = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const auto first = deps.begin() + begin[i], last = deps.begin() + begin[i + 1];
+    if (last - first > 1) std::sort(first, last);
+    const auto end = std::unique(first, last);
+    begin[i] = kept;
+    for (auto d = first; d != end; ++d) deps[kept++] = *d;
+  }
+  begin[n] = kept;
+  deps.resize(kept);
   t.ranks_ = std::move(ranks_);
   t.works_ = std::move(works_);
   t.group_begin_ = std::move(group_begin_);
