@@ -127,13 +127,15 @@ TEST_CASE("Link: two parts of ranks side by side give the table one pass gives")
   }
   CHECK(linked[0] == SerializePb(t));
   CHECK(linked[1] == linked[0]);
-  // An op in another rank's sequence is an error, in either part, not an op of that rank.
-  for (int32_t moved_from : {0, t.num_ranks() - 1}) {
-    CAPTURE(moved_from);
+  // An op in another rank's sequence is an error, not an op of that rank: within the first
+  // part, within the second, and moved from the first part into the second.
+  const int32_t last = t.num_ranks() - 1;
+  for (auto [from, to] : {std::pair{0, 1}, std::pair{last, last - 1}, std::pair{0, last}}) {
+    CAPTURE(from);
+    CAPTURE(to);
     auto [seqs, b] = SequencesOf(t);
-    const int32_t to = moved_from == 0 ? 1 : moved_from - 1;
-    seqs[to].push_back(seqs[moved_from].back());
-    seqs[moved_from].pop_back();
+    seqs[to].push_back(seqs[from].back());
+    seqs[from].pop_back();
     const Status s = Link(std::move(seqs), &b, 0);
     CHECK(s.code() == ErrorCode::kInternal);
     CHECK(s.message().find(fmt::format("in the sequence of rank {}", to)) != std::string::npos);
