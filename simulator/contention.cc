@@ -1,5 +1,7 @@
 #include "simulator/contention.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -25,7 +27,8 @@ int Directions(const Table& t, OpId i, const std::vector<bool>& spans_nodes) {
 
 }  // namespace
 
-LinkContention::LinkContention(const Table& t, const CostModel& cost) : unit_(cost.unit()) {
+LinkContention::LinkContention(const Table& t, const CostModel& cost)
+    : unit_(cost.unit()), size_(t.size()) {
   if (unit_) return;
   alpha_ = cost.spec().inter_latency_s;
   std::vector<bool> spans_nodes(t.num_groups(), false);
@@ -49,12 +52,22 @@ LinkContention::LinkContention(const Table& t, const CostModel& cost) : unit_(co
   }
 }
 
-void LinkContention::KeepBase(const std::vector<double>& base) {
+Status LinkContention::KeepBase(const std::vector<double>& base) {
+  if (base.size() != size_)
+    return Internal(fmt::format("link contention: {} base durations for a table of {} ops",
+                                base.size(), size_));
   base_.resize(ops_.size());
   for (size_t k = 0; k < ops_.size(); ++k) base_[k] = base[ops_[k]];
+  kept_ = true;
+  return Status::Ok();
 }
 
-bool LinkContention::Update(const Timeline& tl, std::vector<double>* durations) const {
+StatusOr<bool> LinkContention::Update(const Timeline& tl, std::vector<double>* durations) const {
+  if (!kept_) return Internal("link contention: durations updated before the base was kept");
+  if (durations->size() != size_ || tl.start.size() != size_ || tl.end.size() != size_)
+    return Internal(
+        fmt::format("link contention: {} durations and a timeline of {} ops for a table of {}",
+                    durations->size(), tl.start.size(), size_));
   if (unit_) return false;
   // Ranks are independent (each writes its own ops): large tables are swept in parts of
   // about equal transfer counts, on the machine's cores.
@@ -124,12 +137,13 @@ bool LinkContention::Sweep(size_t from, size_t to, const Timeline& tl,
   return changed;
 }
 
-std::vector<double> ContendedDurations(const Table& t, const Timeline& tl,
-                                       const std::vector<double>& base, const CostModel& cost) {
+StatusOr<std::vector<double>> ContendedDurations(const Table& t, const Timeline& tl,
+                                                 const std::vector<double>& base,
+                                                 const CostModel& cost) {
   LinkContention links(t, cost);
-  links.KeepBase(base);
+  RETURN_IF_ERROR(links.KeepBase(base));
   std::vector<double> out = base;
-  links.Update(tl, &out);
+  RETURN_IF_ERROR(links.Update(tl, &out).status());
   return out;
 }
 

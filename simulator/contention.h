@@ -11,6 +11,7 @@
 
 #include <vector>
 
+#include "core/status.h"
 #include "core/table.h"
 #include "core/timeline.h"
 #include "simulator/cost_model.h"
@@ -24,17 +25,21 @@ inline constexpr int kContentionPasses = 4;
 class LinkContention {
  public:
   LinkContention(const Table& t, const CostModel& cost);
-  // The uncontended durations of the table's ops (the transfers' are kept).
-  void KeepBase(const std::vector<double>& base);
+  // The uncontended durations of the table's ops (the transfers' are kept); an Internal
+  // error unless there is one per op.
+  Status KeepBase(const std::vector<double>& base);
   // `durations` holds the uncontended durations but for the transfers: their contended
-  // durations with the timeline tl are written there (KeepBase first); whether any of them
-  // changed (the passes end where none did, without a second array of durations).
-  bool Update(const Timeline& tl, std::vector<double>* durations) const;
+  // durations with the timeline tl are written there; whether any of them changed (the
+  // passes end where none did, without a second array of durations). An Internal error
+  // before KeepBase, or unless `durations` and tl have one entry per op.
+  StatusOr<bool> Update(const Timeline& tl, std::vector<double>* durations) const;
 
  private:
   // Ranks [from, to) into `out`; whether a duration changed.
   bool Sweep(size_t from, size_t to, const Timeline& tl, std::vector<double>* out) const;
   bool unit_ = false;
+  size_t size_ = 0;  // the table's ops
+  bool kept_ = false;
   double alpha_ = 0;           // the inter-node latency (not stretched)
   std::vector<size_t> begin_;  // per rank r: its transfers at [begin_[r], begin_[r + 1])
   std::vector<OpId> ops_;      // in op order within a rank
@@ -43,7 +48,8 @@ class LinkContention {
 };
 
 // The same, for one timeline.
-std::vector<double> ContendedDurations(const Table& t, const Timeline& tl,
-                                       const std::vector<double>& base, const CostModel& cost);
+StatusOr<std::vector<double>> ContendedDurations(const Table& t, const Timeline& tl,
+                                                 const std::vector<double>& base,
+                                                 const CostModel& cost);
 
 }  // namespace pipeplan

@@ -82,11 +82,12 @@ StatusOr<SimResult> RunSimulation(const Table& t, const SimOptions& o) {
       },
       parallel ? 0 : 1);
   ASSIGN_OR_RETURN(const EngineIndex index, std::move(indexed));
-  links->KeepBase(base);
+  RETURN_IF_ERROR(links->KeepBase(base));
   r.durations = std::move(base);
   ASSIGN_OR_RETURN(r.timeline, Simulate(t, r.durations, index));
   for (int pass = 0; pass < kContentionPasses; ++pass) {  // link contention (contention.h)
-    if (!links->Update(r.timeline, &r.durations)) break;
+    ASSIGN_OR_RETURN(const bool changed, links->Update(r.timeline, &r.durations));
+    if (!changed) break;
     ASSIGN_OR_RETURN(r.timeline, Simulate(t, r.durations, index, std::move(r.timeline)));
   }
   // The passes without a module, or with instant copies, beside the memory and metrics.

@@ -519,17 +519,31 @@ TEST_CASE("link contention: transfers on one NIC direction share its bandwidth")
   CHECK(base[0] == doctest::Approx(alpha + bytes / bw));
   auto tl = Simulate(same, base);
   REQUIRE(tl.ok());
-  auto d = ContendedDurations(same, *tl, base, cost);
+  auto contended = ContendedDurations(same, *tl, base, cost);
+  REQUIRE(contended.ok());
+  const std::vector<double>& d = *contended;
   for (OpId i = 0; i < same.size(); ++i) CHECK(d[i] == doctest::Approx(alpha + 2 * bytes / bw));
   // In place, as RunSimulation's passes run it: the first update stretches the transfers;
   // a second with the same timeline changes nothing (the passes stop there).
   LinkContention links(same, cost);
-  links.KeepBase(base);
   std::vector<double> in_place = base;
-  CHECK(links.Update(*tl, &in_place));
+  // Before the base is kept there is nothing to stretch from: an error, durations untouched.
+  auto early = links.Update(*tl, &in_place);
+  REQUIRE_FALSE(early.ok());
+  CHECK(early.status().code() == ErrorCode::kInternal);
+  CHECK(in_place == base);
+  CHECK_FALSE(links.KeepBase({base[0]}).ok());  // one duration per op, or an error
+  REQUIRE(links.KeepBase(base).ok());
+  auto first = links.Update(*tl, &in_place);
+  REQUIRE(first.ok());
+  CHECK(*first);
   CHECK(in_place == d);
-  CHECK_FALSE(links.Update(*tl, &in_place));
+  auto second = links.Update(*tl, &in_place);
+  REQUIRE(second.ok());
+  CHECK_FALSE(*second);
   CHECK(in_place == d);
+  std::vector<double> short_durations(base.begin(), base.end() - 1);
+  CHECK_FALSE(links.Update(*tl, &short_durations).ok());
   auto r = RunSimulation(same, o);
   REQUIRE(r.ok());
   CHECK(r->metrics.step_time_s == doctest::Approx(alpha + 2 * bytes / bw));
@@ -546,7 +560,9 @@ TEST_CASE("link contention: transfers on one NIC direction share its bandwidth")
   auto base_local = cost.Durations(local);
   auto tl_local = Simulate(local, base_local);
   REQUIRE(tl_local.ok());
-  CHECK(ContendedDurations(local, *tl_local, base_local, cost) == base_local);
+  auto contended_local = ContendedDurations(local, *tl_local, base_local, cost);
+  REQUIRE(contended_local.ok());
+  CHECK(*contended_local == base_local);
 }
 
 TEST_CASE("training.grad_bucket_size: ceil(parameters / bucket) buckets of whole layers") {
