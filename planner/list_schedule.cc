@@ -1228,7 +1228,7 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
     const ListRules& rules = alternatives[a];
     ListResult mine;
     mine.makespan_s = kInf;
-    std::vector<double> deadline = text.due, mine_deadline;
+    std::vector<double> deadline = text.due, mine_deadline, mine_next;
     std::pair<int, int> mine_tail{kNone, kNone};
     double last = kInf;
     for (int k = 0; k < std::max(1, rules.passes); ++k) {
@@ -1247,6 +1247,7 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
         if (rules.move_tail) mine_deadline = deadline, mine_tail = p.TailMove();
       }
       deadline = p.ConsumerStarts();
+      if (k + 1 == std::max(1, rules.passes)) mine_next = std::move(deadline);
     }
     std::lock_guard<std::mutex> lock(mu);
     best.passes += mine.passes;
@@ -1259,6 +1260,7 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
       best.generator = std::move(mine.generator);
       best.rank_orders = std::move(mine.rank_orders);
       best_deadline = std::move(mine_deadline), best_tail = mine_tail;
+      best.next_deadline = std::move(mine_next);
     }
     return Status::Ok();
   };
@@ -1278,6 +1280,13 @@ StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w
   if (best_index < alternatives.size() && alternatives[best_index].move_tail)
     RETURN_IF_ERROR(MoveTail(in, w, alternatives[best_index], &best));
   return best;
+}
+
+StatusOr<bool> NextPassFaster(const ListInput& in, const ModalityWork& w, const ListRules& rules,
+                              const std::vector<double>& deadline, double makespan_s) {
+  Pass p(in, w, rules, deadline);
+  RETURN_IF_ERROR(p.Run(makespan_s));  // past it the pass cannot be faster
+  return p.makespan() < makespan_s;
 }
 
 Status MoveTail(const ListInput& in, const ModalityWork& w, const ListRules& rules,

@@ -136,6 +136,9 @@ struct ListResult {
   std::vector<double> tail_deadline;
   int tail_task = -1, tail_rank = -1;
   double unmoved_s = 0;  // the makespan before MoveTail
+  // The deadlines another pass of the kept alternative would start from (its last pass's
+  // consumer starts), where its passes ran out (ListRules::passes) rather than stopped.
+  std::vector<double> next_deadline;
   // Per alternative: its best makespan (+inf where it did not run: a repeat, or a twin
   // without windows whose windows never acted).
   std::vector<double> alternative_s;
@@ -146,6 +149,11 @@ struct ListResult {
 // One rule set, from its text-only pass.
 StatusOr<ListResult> ScheduleModality(const ListInput& in, const ModalityWork& w,
                                       const ListRules& rules);
+// Whether one more pass of `rules` from `deadline` (ListResult::next_deadline of a placement
+// of that one rule set whose passes ran out) ends before `makespan_s` (the placement's
+// makespan before MoveTail): where it does not, more passes would have kept the placement.
+StatusOr<bool> NextPassFaster(const ListInput& in, const ModalityWork& w, const ListRules& rules,
+                              const std::vector<double>& deadline, double makespan_s);
 // The text-only pass (no modality work; the rules do not act): its timeline (text ops, and
 // a split generator's gangs; not yet indexed), `due` the consumers' text F starts and `end`
 // the text makespan. It depends on the text part of `in` only.

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <functional>
+#include <future>
 #include <limits>
 #include <list>
 #include <mutex>
@@ -502,6 +503,23 @@ struct PlanHooks {
     }
   };
   Room* room = nullptr;
+  // Set, with the hint (one rule set): the list scheduler's second pass, which mostly only
+  // shows that the first pass's placement is kept, runs beside the lowering of that
+  // placement (Speculation); where it is faster the plan is made again, without this, and
+  // *lowered_again is set.
+  bool* lowered_again = nullptr;
+};
+
+// The list scheduler's first pass lowered before its second is known not to be faster
+// (PlanHooks::lowered_again): the second pass's inputs, and whether it is faster, found on
+// another thread. The result is declared last: its destruction waits for the thread, which reads
+// the rest.
+struct Speculation {
+  ListInput in;
+  ModalityWork w;
+  ListRules rules;
+  std::vector<double> deadline;
+  std::future<StatusOr<bool>> faster;
 };
 
 // The list scheduler's predictions of two placements can be misordered by this much (over
@@ -530,7 +548,8 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
                    const std::vector<StageOrder>& orders, const TextWorkload& tw,
                    const TextWorkIds& text_work, const std::vector<RankInfo>& ranks,
                    TableBuilder* b, std::vector<RankSeq>* seqs,
-                   std::unordered_map<WorkId, double>* outputs, const PlanHooks& h) {
+                   std::unordered_map<WorkId, double>* outputs, const PlanHooks& h,
+                   Speculation* speculation) {
   const ModalityChoice* hint = h.hint;
   TextTimeline* text_cache = h.text_cache;
   const ModalityPolicy policy = c.schedule.modality;
@@ -686,7 +705,18 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
               Alternatives(c, policy, in, room_for(in), hint->tail_moves && !OffloadsAny(c));
           if (hint->rules < 0 || hint->rules >= static_cast<int>(all.size()))
             return Internal("a modality choice of another plan");
-          ASSIGN_OR_RETURN(placed, ScheduleModality(in, w, {all[hint->rules]}, tl));
+          ListRules rules = all[hint->rules];
+          const bool speculate = speculation && rules.passes > 1;
+          if (speculate) rules.passes = 1;
+          ASSIGN_OR_RETURN(placed, ScheduleModality(in, w, {rules}, tl));
+          if (speculate) {
+            Speculation& s = *speculation;
+            s.in = in, s.w = w, s.rules = all[hint->rules];
+            s.deadline = std::move(placed.next_deadline);
+            s.faster = std::async(std::launch::async, [&s, first = placed.unmoved_s] {
+              return NextPassFaster(s.in, s.w, s.rules, s.deadline, first);
+            });
+          }
           if (h.chosen) *h.chosen = *hint;
         } else {
           const std::vector<double> room = room_for(in);
@@ -1150,12 +1180,13 @@ StatusOr<Table> PlanOnce(const Config& c, const PlanHooks& h) {
   }
 
   std::vector<RankSeq> seqs;  // per rank, its ops in order
+  Speculation speculation;
   std::vector<ModalitySync> modality_sync;
   std::unordered_map<WorkId, double> outputs;  // encoder outputs kept on the device
   if (!Multimodal(c)) seqs = ExpandStages(orders, shape, text_work);
   if (Multimodal(c)) {
-    RETURN_IF_ERROR(
-        AddModality(c, shape, batch, orders, tw, text_work, ranks, &b, &seqs, &outputs, h));
+    RETURN_IF_ERROR(AddModality(c, shape, batch, orders, tw, text_work, ranks, &b, &seqs, &outputs,
+                                h, h.lowered_again ? &speculation : nullptr));
     // FSDP: full gradients reduce-scattered over the job, full bf16 parameters gathered
     // before the step's first use. Replicated: the copy's gradients all-reduced over its
     // holders (reduce-scattered with ZeRO >= 1, the updated shards gathered after the
@@ -1283,6 +1314,15 @@ StatusOr<Table> PlanOnce(const Config& c, const PlanHooks& h) {
     RETURN_IF_ERROR(AddHostCopies(&seqs, copies, &b));
   }
   RETURN_IF_ERROR(Link(std::move(seqs), &b));
+  if (speculation.faster.valid()) {
+    ASSIGN_OR_RETURN(const bool faster, speculation.faster.get());
+    if (faster) {  // the passes go on from there: the placement they keep, lowered
+      *h.lowered_again = true;
+      PlanHooks again = h;
+      again.lowered_again = nullptr;
+      return PlanOnce(c, again);
+    }
+  }
 
   PlanMeta meta;
   meta.schedule = PipelineName(pipeline);
@@ -1529,13 +1569,16 @@ StatusOr<bool> Better(const Config& c, const Table& a, const Table& b) {
 // c's plan with its images placed by `choice` (what a search of c chose), under the
 // choice's policy (bubble-fill may keep nested's placement), named as c's; c's own plan
 // where nothing was searched for the images (no sizing).
+// `lowered_again`: see PlanHooks.
 StatusOr<Table> PlanChosen(const Config& c, const ModalityChoice& choice, TextTimeline* text_cache,
-                           PlanShare::Impl* share) {
+                           PlanShare::Impl* share, bool* lowered_again = nullptr) {
   if (choice.sizing < 0) return PlanOnce(c);
   Config k = c;
   k.schedule.modality = choice.policy;
-  ASSIGN_OR_RETURN(Table t,
-                   PlanOnce(k, {.hint = &choice, .text_cache = text_cache, .share = share}));
+  ASSIGN_OR_RETURN(Table t, PlanOnce(k, {.hint = &choice,
+                                         .text_cache = text_cache,
+                                         .share = share,
+                                         .lowered_again = lowered_again}));
   t.mutable_meta().modality = std::string(ModalityName(c.schedule.modality));
   return t;
 }
@@ -1832,7 +1875,10 @@ StatusOr<Table> Replanner::Plan(uint64_t seed, const std::string& manifest) {
     k.data.manifest = manifest;
   }
   k.resolved_yaml = YamlText(doc);
-  ASSIGN_OR_RETURN(Table t, PlanChosen(k, choice_, text_.get(), nullptr));
+  // The list scheduler's second pass beside the lowering: the same plan, sooner.
+  bool again = false;
+  ASSIGN_OR_RETURN(Table t, PlanChosen(k, choice_, text_.get(), nullptr, &again));
+  lowered_again_ += again;
   if (!options_.check) return t;
   ASSIGN_OR_RETURN(Judged judged, Judge(k, t));
   bool searched = false;

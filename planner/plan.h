@@ -167,6 +167,10 @@ class Replanner {
   // With Options::check, the simulation of the last plan returned (the first step's until
   // Plan is called).
   const std::optional<ReplanStep>& last() const { return last_; }
+  // A step's first list-scheduler pass is lowered while its second runs beside it (which
+  // mostly only shows that the first's placement is kept): the steps where the second
+  // was faster, so their plans were made again with the placement the passes then kept.
+  size_t lowered_again() const { return lowered_again_; }
 
  private:
   Config config_;  // with the modes and order the search chose
@@ -177,6 +181,7 @@ class Replanner {
   std::shared_ptr<TextTimeline> text_;
   Options options_;
   bool first_fits_ = false;  // whether the first step's plan fits the device memory
+  size_t lowered_again_ = 0;
   std::optional<ReplanStep> last_;
 };
 
