@@ -13,6 +13,7 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
+#include <system_error>
 #include <tuple>
 #include <unordered_map>
 
@@ -512,8 +513,8 @@ struct PlanHooks {
 
 // The list scheduler's first pass lowered before its second is known not to be faster
 // (PlanHooks::lowered_again): the second pass's inputs, and whether it is faster, found on
-// another thread. The result is declared last: its destruction waits for the thread, which reads
-// the rest.
+// another thread. The result is declared last: its destruction waits for the thread, which
+// reads the rest.
 struct Speculation {
   ListInput in;
   ModalityWork w;
@@ -713,9 +714,14 @@ Status AddModality(const Config& c, const PipelineShape& shape, const StepBatch&
             Speculation& s = *speculation;
             s.in = in, s.w = w, s.rules = all[hint->rules];
             s.deadline = std::move(placed.next_deadline);
-            s.faster = std::async(std::launch::async, [&s, first = placed.unmoved_s] {
+            auto second = [&s, first = placed.unmoved_s] {
               return NextPassFaster(s.in, s.w, s.rules, s.deadline, first);
-            });
+            };
+            try {
+              s.faster = std::async(std::launch::async, second);
+            } catch (const std::system_error&) {  // no thread to be had: at the join
+              s.faster = std::async(std::launch::deferred, second);
+            }
           }
           if (h.chosen) *h.chosen = *hint;
         } else {
