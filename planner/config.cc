@@ -837,21 +837,32 @@ void CheckConsistency(Config* c, Ctx* ctx) {
     t.global_batch_size = t.microbatches * t.micro_batch_size * dp;
   }
   const int m = t.microbatches;
-  if (interleaved) {
-    const char* key = ctx->seen.count("training.microbatches") ? "training.microbatches"
+  const char* m_key = ctx->seen.count("training.microbatches") ? "training.microbatches"
                                                                : "training.global_batch_size";
+  // The schedules' own rules on the micro-batch count (planner/schedules.cc,
+  // planner/zero_bubble.cc), at the key that sets it.
+  if (pk == PipelineKind::kDualPipeV && m < 2 * p.pp)
+    return ctx->FailAt(m_key, fmt::format("dualpipev needs at least as many micro-batches per "
+                                          "replica as stages (2 pp = {}), got {}",
+                                          2 * p.pp, m));
+  if (pk == PipelineKind::kInterleavedZb && m % std::max(1, m / p.pp) != 0)
+    return ctx->FailAt(m_key, fmt::format("{} micro-batches per replica is not a multiple of the "
+                                          "{} rounds of pp = {} (interleaved-zb)",
+                                          m, std::max(1, m / p.pp), p.pp));
+  if (interleaved) {
     if (m < p.pp)
       return ctx->FailAt(
-          key,
+          m_key,
           fmt::format("interleaved-1f1b needs at least pp = {} micro-batches per replica, got {}",
                       p.pp, m));
     if (p.microbatch_group_size_per_vp_stage == 0 && m % p.pp != 0) {
       // PyTorch's rule: rounds = max(1, m // pp), m must be a multiple of rounds.
       int rounds = std::max(1, m / p.pp);
       if (m % rounds != 0)
-        return ctx->FailAt(key, fmt::format("{} micro-batches per replica is not a multiple of the "
-                                            "{} rounds of pp = {} (interleaved-1f1b)",
-                                            m, rounds, p.pp));
+        return ctx->FailAt(m_key,
+                           fmt::format("{} micro-batches per replica is not a multiple of the "
+                                       "{} rounds of pp = {} (interleaved-1f1b)",
+                                       m, rounds, p.pp));
     }
   }
   if (p.microbatch_group_size_per_vp_stage > m)

@@ -116,6 +116,24 @@ TEST_CASE("inconsistent parallelism points at the key to change") {
   CHECK(Error(Replace(inter, "  microbatches: 4", "  microbatches: 2")) ==
         "cfg.yaml:18:17: interleaved-1f1b needs at least pp = 4 micro-batches per replica, got 2\n"
         "    microbatches: 2\n                  ^");
+  // DualPipeV needs 2 pp micro-batches (one per stage of the V); interleaved zero bubble
+  // has interleaved-1f1b's rounds rule. Both are found when the config is read, at the key.
+  const std::string v =
+      Replace(kBase, "  pp: 4", "  pp: 4\n  vp: 2") + "schedule:\n  pipeline: dualpipev\n";
+  CHECK(Error(Replace(v, "  microbatches: 4", "  microbatches: 7")) ==
+        "cfg.yaml:18:17: dualpipev needs at least as many micro-batches per replica as stages "
+        "(2 pp = 8), got 7\n    microbatches: 7\n                  ^");
+  auto parses = [](const std::string& yaml) {
+    auto doc = YamlDoc::FromString("cfg.yaml", yaml);
+    return doc.ok() && ParseConfig(std::move(*doc)).ok();
+  };
+  CHECK(parses(Replace(v, "  microbatches: 4", "  microbatches: 8")));
+  const std::string zb =
+      Replace(kBase, "  pp: 4", "  pp: 4\n  vp: 2") + "schedule:\n  pipeline: interleaved-zb\n";
+  CHECK(Error(Replace(zb, "  microbatches: 4", "  microbatches: 9")) ==
+        "cfg.yaml:18:17: 9 micro-batches per replica is not a multiple of the 2 rounds of pp = 4 "
+        "(interleaved-zb)\n    microbatches: 9\n                  ^");
+  CHECK(parses(Replace(zb, "  microbatches: 4", "  microbatches: 6")));
   CHECK(
       Error(Replace(kBase, "  microbatches: 4", "  global_batch_size: 6\n  micro_batch_size: 4")) ==
       "cfg.yaml:17:22: global_batch_size 6 is not divisible by micro_batch_size*dp = 4*1\n"
