@@ -12,6 +12,7 @@
 #include <set>
 
 #include "planner/data.h"
+#include "planner/schedules.h"
 
 namespace pipeplan {
 namespace {
@@ -849,6 +850,13 @@ void CheckConsistency(Config* c, Ctx* ctx) {
     return ctx->FailAt(m_key, fmt::format("{} micro-batches per replica is not a multiple of the "
                                           "{} rounds of pp = {} (interleaved-zb)",
                                           m, std::max(1, m / p.pp), p.pp));
+  // A pending limit the zero-bubble schedules cannot keep to (found by building the
+  // schedule, as planning does).
+  if (c->schedule.zb_max_pending > 0)
+    if (auto orders = TextSchedule(pk, p.pp, p.vp, m, p.microbatch_group_size_per_vp_stage,
+                                   c->schedule.zb_max_pending);
+        !orders.ok())
+      return ctx->FailAt("schedule.zb_max_pending", orders.status().message());
   if (interleaved) {
     if (m < p.pp)
       return ctx->FailAt(

@@ -134,6 +134,15 @@ TEST_CASE("inconsistent parallelism points at the key to change") {
         "cfg.yaml:18:17: 9 micro-batches per replica is not a multiple of the 2 rounds of pp = 4 "
         "(interleaved-zb)\n    microbatches: 9\n                  ^");
   CHECK(parses(Replace(zb, "  microbatches: 4", "  microbatches: 6")));
+  // ZB-V holds 1F1B's activation memory, pp micro-batches = 2 pp chunk activations per
+  // rank (its default limit): with pp 4 a limit of 2 cannot be kept, 8 can. The schedule is
+  // built when the config is read to find out, and the error is at the key.
+  const std::string zbv = Replace(kBase, "  pp: 4", "  pp: 4\n  vp: 2") +
+                          "schedule:\n  pipeline: zbv\n  zb_max_pending: 2\n";
+  CHECK(Error(zbv) ==
+        "cfg.yaml:21:19: no zbv schedule keeps at most 2 chunk activations pending per rank\n"
+        "    zb_max_pending: 2\n                    ^");
+  CHECK(parses(Replace(zbv, "zb_max_pending: 2", "zb_max_pending: 8")));
   CHECK(
       Error(Replace(kBase, "  microbatches: 4", "  global_batch_size: 6\n  micro_batch_size: 4")) ==
       "cfg.yaml:17:22: global_batch_size 6 is not divisible by micro_batch_size*dp = 4*1\n"
