@@ -132,8 +132,19 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
     };
     const bool per_mb = sync && !works.mb_reduce.empty();  // ZeRO-2
     const bool host_grads = per_mb && !works.grad_out.empty();
-    for (const PendingOp& op : seq) {
-      if (!IsP2P(op.key.kind)) flush();
+    // Nor may a rank that runs its ops one by one wait in a reduction while another rank
+    // waits for an encoder or generator gradient this rank sends after it: a chunk's
+    // reduction (one per chunk, after its last backward) goes after the rank's last such
+    // SEND. Its dependency (the chunk's last backward) and its place among the rank's
+    // collectives stay the same, so the simulated step does too.
+    size_t modality_sends_end = 0;
+    if (!buckets && !per_mb)
+      for (size_t j = 0; j < seq.size(); ++j)
+        if (seq[j].key.module != Module::kText && seq[j].key.kind == OpKind::kSendB)
+          modality_sends_end = j + 1;
+    for (size_t j = 0; j < seq.size(); ++j) {
+      const PendingOp& op = seq[j];
+      if (!IsP2P(op.key.kind) && j >= modality_sends_end) flush();
       const bool last = sync && weight_grad(op.key) && --backwards_left[op.key.chunk] == 0;
       const int g = shape.global(op.key.chunk, s);
       if (per_mb && weight_grad(op.key)) {  // ZeRO-2: every micro-batch's

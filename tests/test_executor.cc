@@ -84,6 +84,21 @@ TEST_CASE("gradient equivalence: every modality policy, with a generator and wit
                    "training.zero_stage=" + zero})));
 }
 
+TEST_CASE("gradient equivalence: a V schedule's last-stage reduction does not block the encoder") {
+  // ZBV with nested placement, a one-round window: rank 0 runs chunk 1's (the last
+  // stage's) last weight-gradient pass before chunk 0's input-gradient pass of micro-batch
+  // 4, after which it sends that micro-batch's encoder gradient to a task on rank 4.
+  // Chunk 1's reduction over data parallelism (ranks 0 and 4) right after that last pass
+  // had rank 0 wait in it for rank 4, which waited for the gradient: a deadlock for an
+  // executor that runs a rank's ops one by one. The reduction now comes after the rank's
+  // last encoder-gradient SEND.
+  auto c = LoadConfig(std::string(PIPEPLAN_SOURCE_DIR) + "/configs/default.yaml",
+                      {"schedule.pipeline=zbv", "parallelism.vp=2", "schedule.modality=nested",
+                       "training.microbatches=6", "data.seed=43", "schedule.modality_window=1"});
+  REQUIRE_MESSAGE(c.ok(), c.status().message());
+  ExpectEquivalent(Plan(*c));
+}
+
 TEST_CASE("a plan with a receive moved after its consumer fails loudly, not silently") {
   Table t = Plan(SmallConfig(PipelineKind::k1F1B, 2, 1, 2));
   auto j = nlohmann::json::parse(ToJson(t));
