@@ -850,13 +850,6 @@ void CheckConsistency(Config* c, Ctx* ctx) {
     return ctx->FailAt(m_key, fmt::format("{} micro-batches per replica is not a multiple of the "
                                           "{} rounds of pp = {} (interleaved-zb)",
                                           m, std::max(1, m / p.pp), p.pp));
-  // A pending limit the zero-bubble schedules cannot keep to (found by building the
-  // schedule, as planning does).
-  if (c->schedule.zb_max_pending > 0)
-    if (auto orders = TextSchedule(pk, p.pp, p.vp, m, p.microbatch_group_size_per_vp_stage,
-                                   c->schedule.zb_max_pending);
-        !orders.ok())
-      return ctx->FailAt("schedule.zb_max_pending", orders.status().message());
   if (interleaved) {
     if (m < p.pp)
       return ctx->FailAt(
@@ -1025,6 +1018,13 @@ void CheckConsistency(Config* c, Ctx* ctx) {
         fmt::format("the plan would have about {} ops and need about {:.1f} GiB, above the memory "
                     "budget of {:.1f} GiB (--max-memory)",
                     ops, need / (1 << 30), budget / (1 << 30)));
+  // A pending limit the zero-bubble schedules cannot keep to (found by building the
+  // schedule, as planning does; once the plan's size is known to be within bounds).
+  if (c->schedule.zb_max_pending > 0)
+    if (auto orders = TextSchedule(pk, p.pp, p.vp, m, p.microbatch_group_size_per_vp_stage,
+                                   c->schedule.zb_max_pending);
+        !orders.ok())
+      return ctx->FailAt("schedule.zb_max_pending", orders.status().message());
   for (size_t i = 0; i < c->data.images.size() && c->model.vision.enabled; ++i) {
     const ImageClass& ic = c->data.images[i];
     const int64_t mm = static_cast<int64_t>(c->model.vision.merge) * c->model.vision.merge;
