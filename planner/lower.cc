@@ -92,6 +92,13 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
   const bool sync = shape.dp > 1;
   const OpKind reduce = zero_stage >= 1 ? OpKind::kReduceScatter : OpKind::kAllReduce;
   const bool buckets = sync && !works.bucket_piece.empty();
+  // The tags of the text reductions of replica 0's rank of each stage, in its order. DP
+  // members must issue their collectives in one order (NCCL matches them in issue order,
+  // the engine's collective stream runs them in sequence order), and the W passes the
+  // list scheduler moves into a rank's gaps can differ between replicas: every replica
+  // issues its reductions in replica 0's order, a reduction whose backward ran early
+  // waiting for the ones before it.
+  std::vector<std::vector<uint32_t>> reduce_order(shape.pp);
   for (int32_t r = 0; r < static_cast<int32_t>(seqs->size()); ++r) {
     RankSeq& seq = (*seqs)[r];
     const int s = r % shape.pp;
@@ -123,20 +130,44 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
     for (const ModalitySync* m : mine)
       if (m->gather_first) modality_op(*m, OpKind::kAllGather, m->gather_work, &out);
     // A reduction goes after the SEND/RECV run that follows its backward: an executor that
-    // runs a rank's ops one by one then sends the gradient before it blocks in the
-    // collective (the engine's streams do not need it; a blocking executor would deadlock).
+    // runs a rank's collectives on its host thread, in sequence order, then sends the
+    // gradient before it waits in the collective (the engine's streams, and `execute`'s,
+    // do not need it). Pending: each reduction with the ops that follow it (its shard's
+    // OFFLOAD).
     RankSeq pending;
+    std::vector<uint32_t>& order = reduce_order[s];
+    const bool leader = r < shape.pp;
+    size_t next = 0;  // in `order`: the reduction this rank issues next
     auto flush = [&] {
-      for (PendingOp& p : pending) out.push_back(std::move(p));
-      pending.clear();
+      if (leader) {
+        for (PendingOp& p : pending) {
+          if (IsCollective(p.key.kind)) order.push_back(p.tag);
+          out.push_back(std::move(p));
+        }
+        pending.clear();
+        return;
+      }
+      for (bool found = true; found && !pending.empty();) {
+        found = false;
+        for (size_t k = 0; k < pending.size() && next < order.size(); ++k) {
+          if (!IsCollective(pending[k].key.kind) || pending[k].tag != order[next]) continue;
+          size_t e = k + 1;
+          while (e < pending.size() && !IsCollective(pending[e].key.kind)) ++e;
+          for (size_t q = k; q < e; ++q) out.push_back(std::move(pending[q]));
+          pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(k),
+                        pending.begin() + static_cast<std::ptrdiff_t>(e));
+          ++next, found = true;
+          break;
+        }
+      }
     };
     const bool per_mb = sync && !works.mb_reduce.empty();  // ZeRO-2
     const bool host_grads = per_mb && !works.grad_out.empty();
-    // Nor may a rank that runs its ops one by one wait in a reduction while another rank
-    // waits for an encoder or generator gradient this rank sends after it: a chunk's
-    // reduction (one per chunk, after its last backward) goes after the rank's last such
-    // SEND. Its dependency (the chunk's last backward) and its place among the rank's
-    // collectives stay the same, so the simulated step does too.
+    // Nor may such an executor wait in a reduction while another rank waits for an encoder
+    // or generator gradient this rank sends after it: a chunk's reduction (one per chunk,
+    // after its last backward) goes after the rank's last such SEND. Its dependency (the chunk's
+    // last backward) and its place among the rank's collectives stay the same, so the simulated
+    // step does too.
     size_t modality_sends_end = 0;
     if (!buckets && !per_mb)
       for (size_t j = 0; j < seq.size(); ++j)
@@ -180,6 +211,8 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
       }
     }
     flush();
+    for (PendingOp& p : pending) out.push_back(std::move(p));  // none where replicas agree
+    pending.clear();
     if (host_grads)  // the gradient shards back before anything reads them
       for (int c = 0; c < shape.vp; ++c)
         out.push_back(
