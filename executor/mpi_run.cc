@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "executor/cpu_backend.h"
@@ -15,18 +16,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Waits for a request until `deadline`; false on timeout.
-bool WaitUntil(MPI_Request* req, Clock::time_point deadline) {
-  for (;;) {
-    int done = 0;
-    MPI_Test(req, &done, MPI_STATUS_IGNORE);
-    if (done) return true;
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-}
-
 // Messages carry their plan tag as the first element (MPI tags are too small for ours).
+// A rank's streams call it from their threads: every MPI call is made under mu_ (MPI's
+// THREAD_SERIALIZED), waits poll with the lock released.
 class MpiTransport : public Transport {
  public:
   explicit MpiTransport(const Table& t) {
@@ -46,6 +38,8 @@ class MpiTransport : public Transport {
       if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
   }
   Status Send(int32_t peer, uint32_t tag, Tensor data) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!aborted_.empty()) return Internal(aborted_);
     data.insert(data.begin(), static_cast<double>(tag));
     pending_.push_back({MPI_REQUEST_NULL, std::move(data)});
     auto& [req, buf] = pending_.back();
@@ -54,7 +48,9 @@ class MpiTransport : public Transport {
   }
   Status Recv(int32_t peer, uint32_t tag, double timeout_s, Tensor* out) override {
     const auto deadline = Deadline(timeout_s);
+    std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
+      if (!aborted_.empty()) return Internal(aborted_);
       auto it = stash_.find(tag);
       if (it != stash_.end()) {
         *out = std::move(it->second);
@@ -68,7 +64,7 @@ class MpiTransport : public Transport {
         if (Clock::now() > deadline)
           return Internal(
               fmt::format("timed out after {} s: the matching SEND never came", timeout_s));
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
+        Pause(lock);
         continue;
       }
       int n;
@@ -81,21 +77,43 @@ class MpiTransport : public Transport {
     }
   }
   Status AllReduce(int32_t group, uint32_t, size_t, double timeout_s, Tensor* data) override {
+    const auto deadline = Deadline(timeout_s);
+    std::unique_lock<std::mutex> lock(mu_);
     MPI_Comm comm = comms_[group];
     if (comm == MPI_COMM_NULL) return Internal("this rank is not in the group");
     Tensor out(data->size());
     MPI_Request req;
     MPI_Iallreduce(data->data(), out.data(), static_cast<int>(data->size()), MPI_DOUBLE, MPI_SUM,
                    comm, &req);
-    if (!WaitUntil(&req, Deadline(timeout_s)))
-      return Internal(
-          fmt::format("timed out after {} s waiting for the other group members", timeout_s));
+    for (;;) {
+      int done = 0;
+      MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+      if (done) break;
+      // Left pending (the buffers with it) where the run fails: the process then exits.
+      if (!aborted_.empty()) return Internal(aborted_);
+      if (Clock::now() > deadline)
+        return Internal(
+            fmt::format("timed out after {} s waiting for the other group members", timeout_s));
+      Pause(lock);
+    }
     *data = std::move(out);
     return Status::Ok();
   }
-  void Abort(const std::string&) override {}
+  // Wakes this process's waits (another of its streams failed).
+  void Abort(const std::string& why) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_.empty()) aborted_ = why;
+  }
 
  private:
+  // Polls again shortly, letting the process's other streams call MPI meanwhile.
+  static void Pause(std::unique_lock<std::mutex>& lock) {
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    lock.lock();
+  }
+  std::mutex mu_;
+  std::string aborted_;
   std::vector<MPI_Comm> comms_;
   std::vector<std::pair<MPI_Request, Tensor>> pending_;
   std::map<uint32_t, Tensor> stash_;
@@ -122,7 +140,8 @@ std::vector<Tensor> Gather(const Tensor& mine, int world) {
 bool MpiAvailable() {
   int init = 0;
   MPI_Initialized(&init);
-  if (!init) MPI_Init(nullptr, nullptr);
+  int provided = MPI_THREAD_SINGLE;  // checked by RunCpuMpi
+  if (!init) MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
   return true;
 }
 
@@ -160,6 +179,10 @@ StatusOr<MpiResult> RunCpuMpi(const Table& t, const RunOptions& o, bool check, T
   if (res.world != t.num_ranks())
     return InvalidInput(
         fmt::format("{} processes for a plan of {} ranks", res.world, t.num_ranks()));
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  if (level < MPI_THREAD_SERIALIZED)  // a rank's streams are threads (RunRank)
+    return Internal("this MPI library does not give MPI_THREAD_SERIALIZED");
   auto model = std::make_shared<const TinyModel>(t, TinyDims{});
   CpuBackend backend(t, res.rank, model);
   Timeline& tl = *own;

@@ -2,9 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
+#include <mutex>
 #include <thread>
+
+#include "executor/deadline.h"
 
 namespace pipeplan {
 namespace {
@@ -13,25 +18,99 @@ double Seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-Status RunOp(const Table& t, OpId i, Backend& b, Transport& tr, const RunOptions& o) {
+// One op of a rank's sequence, timed; the error names the rank and the op.
+Status RunTimed(const Table& t, int32_t rank, OpId i, const std::function<Status(OpId)>& run_op,
+                const RunOptions& o, std::chrono::steady_clock::time_point t0, Timeline* measured) {
+  measured->start[i] = Seconds(t0);
+  const bool fault = rank == o.fault_rank && IsSend(t.kind(i));
+  if (fault && o.fault_kill) std::raise(SIGKILL);  // a crash: no error, no trace, no exit code
+  Status s = fault ? Internal("injected fault (--fault)") : run_op(i);
+  measured->end[i] = Seconds(t0);
+  if (!s.ok()) return Status(s.code(), fmt::format("rank {}: {}: {}", rank, t.str(i), s.message()));
+  return Status::Ok();
+}
+
+// An op through a Backend (its calls one at a time: `mu`) and a Transport (waits outside
+// the lock, so that the rank's other streams go on).
+Status RunOp(const Table& t, OpId i, Backend& b, std::mutex& mu, Transport& tr,
+             const RunOptions& o) {
   const OpKind k = t.kind(i);
+  std::unique_lock<std::mutex> lock(mu);
   if (IsSend(k)) {
     ASSIGN_OR_RETURN(Tensor data, b.Outgoing(i));
+    lock.unlock();
     return tr.Send(t.peer(i), t.tag(i), std::move(data));
   }
   if (IsRecv(k)) {
+    lock.unlock();
     Tensor data;
     RETURN_IF_ERROR(tr.Recv(t.peer(i), t.tag(i), o.op_timeout_s, &data));
+    lock.lock();
     return b.Incoming(i, std::move(data));
   }
   if (IsCollective(k)) {
     ASSIGN_OR_RETURN(Tensor data, b.Contribution(i));
+    lock.unlock();
     RETURN_IF_ERROR(
         tr.AllReduce(t.peer(i), t.tag(i), t.group(t.peer(i)).size(), o.op_timeout_s, &data));
+    lock.lock();
     return b.Reduced(i, std::move(data));
   }
   return b.Compute(i);
 }
+
+// What the streams of one rank share: which of its ops have ended, and its first failure.
+class RankStreams {
+ public:
+  RankStreams(const Table& t, int32_t rank)
+      : t_(t), rank_(rank), begin_(t.rank_begin(rank)), done_(t.rank_end(rank) - begin_, 0) {}
+
+  // Waits until every dependency of op i on this rank has ended (a RECV's SEND is the
+  // transport's to wait for). False when another stream of the rank failed first, or the
+  // wait timed out (then *error says on what).
+  bool WaitForDeps(OpId i, double timeout_s, Status* error) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (failed_) return false;
+    for (OpId d : t_.deps(i)) {
+      if (t_.rank(d) != rank_) continue;
+      if (!cv_.wait_until(lock, Deadline(timeout_s),
+                          [&] { return failed_ || done_[d - begin_]; })) {
+        *error =
+            Internal(fmt::format("rank {}: {}: timed out after {} s waiting for {} of its rank",
+                                 rank_, t_.str(i), timeout_s, t_.str(d)));
+        return false;
+      }
+      if (failed_) return false;
+    }
+    return true;
+  }
+  void Done(OpId i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_[i - begin_] = 1;
+    cv_.notify_all();
+  }
+  // Records a stream's failure at op i; true for the rank's first.
+  bool Fail(OpId i, Status s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    cv_.notify_all();
+    if (failed_) return false;
+    failed_ = true, first_ = std::move(s), failed_op_ = i;
+    return true;
+  }
+  const Status& status() const { return first_; }
+  OpId failed_op() const { return failed_op_; }
+
+ private:
+  const Table& t_;
+  const int32_t rank_;
+  const OpId begin_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<uint8_t> done_;
+  bool failed_ = false;
+  Status first_;
+  OpId failed_op_ = 0;
+};
 
 }  // namespace
 
@@ -39,14 +118,9 @@ Status RunSequence(const Table& t, int32_t rank, const std::function<Status(OpId
                    const RunOptions& o, std::chrono::steady_clock::time_point t0,
                    Timeline* measured, OpId* failed) {
   for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i) {
-    measured->start[i] = Seconds(t0);
-    const bool fault = rank == o.fault_rank && IsSend(t.kind(i));
-    if (fault && o.fault_kill) std::raise(SIGKILL);  // a crash: no error, no trace, no exit code
-    Status s = fault ? Internal("injected fault (--fault)") : run_op(i);
-    measured->end[i] = Seconds(t0);
-    if (!s.ok()) {
+    if (Status s = RunTimed(t, rank, i, run_op, o, t0, measured); !s.ok()) {
       if (failed) *failed = i;
-      return Status(s.code(), fmt::format("rank {}: {}: {}", rank, t.str(i), s.message()));
+      return s;
     }
     if (o.on_op_done) o.on_op_done(i, measured->start[i], measured->end[i]);
   }
@@ -56,8 +130,48 @@ Status RunSequence(const Table& t, int32_t rank, const std::function<Status(OpId
 Status RunRank(const Table& t, int32_t rank, Backend& backend, Transport& transport,
                const RunOptions& o, std::chrono::steady_clock::time_point t0, Timeline* measured,
                OpId* failed) {
-  return RunSequence(
-      t, rank, [&](OpId i) { return RunOp(t, i, backend, transport, o); }, o, t0, measured, failed);
+  std::array<std::vector<OpId>, kNumStreams> streams;
+  for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i)
+    streams[static_cast<int>(StreamOf(t.kind(i)))].push_back(i);
+  RankStreams state(t, rank);
+  std::mutex backend_mu, done_mu;
+  auto run_op = [&](OpId i) { return RunOp(t, i, backend, backend_mu, transport, o); };
+  auto fail = [&](OpId i, Status s) {
+    // The rank's other streams may wait on peers: wake them (and the other ranks) now.
+    const std::string why = fmt::format("aborted: {}", s.message());
+    if (state.Fail(i, std::move(s))) transport.Abort(why);
+  };
+  auto walk = [&](const std::vector<OpId>& ops) {
+    for (OpId i : ops) {
+      Status s;
+      const double reached = Seconds(t0);
+      if (!state.WaitForDeps(i, o.op_timeout_s, &s)) {
+        if (s.ok()) return;  // another stream failed
+        measured->start[i] = reached, measured->end[i] = Seconds(t0);
+        return fail(i, std::move(s));
+      }
+      if (s = RunTimed(t, rank, i, run_op, o, t0, measured); !s.ok()) return fail(i, std::move(s));
+      state.Done(i);
+      if (o.on_op_done) {
+        std::lock_guard<std::mutex> lock(done_mu);
+        o.on_op_done(i, measured->start[i], measured->end[i]);
+      }
+    }
+  };
+  // The simulator's streams: collectives and each direction of host copies beside the
+  // compute stream, ordered against it only by the plan's dependencies.
+  std::vector<std::thread> threads;
+  try {
+    for (size_t k = 1; k < streams.size(); ++k)
+      if (!streams[k].empty()) threads.emplace_back(walk, std::cref(streams[k]));
+  } catch (const std::system_error& e) {
+    fail(t.rank_begin(rank),
+         Internal(fmt::format("rank {}: cannot start a stream's thread: {}", rank, e.what())));
+  }
+  walk(streams[0]);
+  for (auto& th : threads) th.join();
+  if (!state.status().ok() && failed) *failed = state.failed_op();
+  return state.status();
 }
 
 Status RunLocal(const Table& t, std::vector<std::unique_ptr<Backend>>& backends,

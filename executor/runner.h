@@ -34,14 +34,21 @@ struct RunOptions {
   std::function<void(OpId, double start_s, double end_s)> on_op_done;
 };
 
-// Runs rank r's sequence, calling run_op for each op and timing it. On failure the error
-// names the rank and the op (also stored in *failed when given). Backends that move their
-// own data (the NCCL backend) run through this; the others through RunRank.
+// Runs rank r's sequence in order on the calling thread, calling run_op for each op and
+// timing it. On failure the error names the rank and the op (also stored in *failed when
+// given). Backends that move their own data and run their own streams (the NCCL backend)
+// run through this; the others through RunRank.
 Status RunSequence(const Table& t, int32_t rank, const std::function<Status(OpId)>& run_op,
                    const RunOptions& o, std::chrono::steady_clock::time_point t0,
                    Timeline* measured, OpId* failed = nullptr);
 
-// RunSequence over a Backend for compute and a Transport for SEND/RECV/collectives.
+// Rank r's ops over a Backend for compute and a Transport for SEND/RECV/collectives, on
+// the simulator's streams: the compute stream (compute ops, SEND/RECV) on the calling
+// thread, the collective stream and each direction of host copies on a thread of its own,
+// each in sequence order and each op after the rank's ops it depends on. So a rank waiting
+// in a collective still sends what its peers need, as a GPU's collective stream lets it.
+// Backend calls are made one at a time; transport waits happen outside that lock. The
+// first failure of a stream aborts the transport (waking the rank's other streams).
 Status RunRank(const Table& t, int32_t rank, Backend& backend, Transport& transport,
                const RunOptions& o, std::chrono::steady_clock::time_point t0, Timeline* measured,
                OpId* failed = nullptr);
