@@ -846,25 +846,23 @@ void CheckConsistency(Config* c, Ctx* ctx) {
     return ctx->FailAt(m_key, fmt::format("dualpipev needs at least as many micro-batches per "
                                           "replica as stages (2 pp = {}), got {}",
                                           2 * p.pp, m));
-  if (pk == PipelineKind::kInterleavedZb && m % std::max(1, m / p.pp) != 0)
-    return ctx->FailAt(m_key, fmt::format("{} micro-batches per replica is not a multiple of the "
-                                          "{} rounds of pp = {} (interleaved-zb)",
-                                          m, std::max(1, m / p.pp), p.pp));
+  // PyTorch's rounds rule: rounds = max(1, m // pp), m must be a multiple of rounds.
+  auto rounds_rule = [&](const char* schedule) {
+    const int rounds = std::max(1, m / p.pp);
+    if (m % rounds == 0) return true;
+    ctx->FailAt(m_key, fmt::format("{} micro-batches per replica is not a multiple of the {} "
+                                   "rounds of pp = {} ({})",
+                                   m, rounds, p.pp, schedule));
+    return false;
+  };
+  if (pk == PipelineKind::kInterleavedZb && !rounds_rule("interleaved-zb")) return;
   if (interleaved) {
     if (m < p.pp)
       return ctx->FailAt(
           m_key,
           fmt::format("interleaved-1f1b needs at least pp = {} micro-batches per replica, got {}",
                       p.pp, m));
-    if (p.microbatch_group_size_per_vp_stage == 0 && m % p.pp != 0) {
-      // PyTorch's rule: rounds = max(1, m // pp), m must be a multiple of rounds.
-      int rounds = std::max(1, m / p.pp);
-      if (m % rounds != 0)
-        return ctx->FailAt(m_key,
-                           fmt::format("{} micro-batches per replica is not a multiple of the "
-                                       "{} rounds of pp = {} (interleaved-1f1b)",
-                                       m, rounds, p.pp));
-    }
+    if (p.microbatch_group_size_per_vp_stage == 0 && !rounds_rule("interleaved-1f1b")) return;
   }
   if (p.microbatch_group_size_per_vp_stage > m)
     return ctx->FailAt("parallelism.microbatch_group_size_per_vp_stage",
