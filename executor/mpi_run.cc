@@ -33,6 +33,9 @@ class MpiTransport : public Transport {
     }
   }
   ~MpiTransport() override {
+    // After a failure the process ends with MPI_Abort: a send may never be received, a
+    // collective left behind may still write into its buffers (kept, not freed).
+    if (!aborted_.empty() || !abandoned_.empty()) return;
     for (auto& [req, buf] : pending_) MPI_Wait(&req, MPI_STATUS_IGNORE);
     for (MPI_Comm& c : comms_)
       if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
@@ -81,19 +84,21 @@ class MpiTransport : public Transport {
     std::unique_lock<std::mutex> lock(mu_);
     MPI_Comm comm = comms_[group];
     if (comm == MPI_COMM_NULL) return Internal("this rank is not in the group");
-    Tensor out(data->size());
+    Tensor in = std::move(*data), out(in.size());
     MPI_Request req;
-    MPI_Iallreduce(data->data(), out.data(), static_cast<int>(data->size()), MPI_DOUBLE, MPI_SUM,
-                   comm, &req);
+    MPI_Iallreduce(in.data(), out.data(), static_cast<int>(in.size()), MPI_DOUBLE, MPI_SUM, comm,
+                   &req);
     for (;;) {
       int done = 0;
       MPI_Test(&req, &done, MPI_STATUS_IGNORE);
       if (done) break;
-      // Left pending (the buffers with it) where the run fails: the process then exits.
-      if (!aborted_.empty()) return Internal(aborted_);
-      if (Clock::now() > deadline)
-        return Internal(
-            fmt::format("timed out after {} s waiting for the other group members", timeout_s));
+      std::string why = aborted_;
+      if (why.empty() && Clock::now() > deadline)
+        why = fmt::format("timed out after {} s waiting for the other group members", timeout_s);
+      if (!why.empty()) {  // MPI may still write into the buffers: they stay with the transport
+        abandoned_.push_back(std::move(in)), abandoned_.push_back(std::move(out));
+        return Internal(why);
+      }
       Pause(lock);
     }
     *data = std::move(out);
@@ -114,6 +119,7 @@ class MpiTransport : public Transport {
   }
   std::mutex mu_;
   std::string aborted_;
+  std::vector<Tensor> abandoned_;  // buffers of collectives left behind by a failure
   std::vector<MPI_Comm> comms_;
   std::vector<std::pair<MPI_Request, Tensor>> pending_;
   std::map<uint32_t, Tensor> stash_;

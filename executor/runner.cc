@@ -9,8 +9,6 @@
 #include <mutex>
 #include <thread>
 
-#include "executor/deadline.h"
-
 namespace pipeplan {
 namespace {
 
@@ -66,23 +64,14 @@ class RankStreams {
       : t_(t), rank_(rank), begin_(t.rank_begin(rank)), done_(t.rank_end(rank) - begin_, 0) {}
 
   // Waits until every dependency of op i on this rank has ended (a RECV's SEND is the
-  // transport's to wait for). False when another stream of the rank failed first, or the
-  // wait timed out (then *error says on what).
-  bool WaitForDeps(OpId i, double timeout_s, Status* error) {
+  // transport's to wait for); false when a stream of the rank failed. Not bounded by a
+  // timeout of its own: a dependency is an earlier op (RunRank checks), so the ops waited for
+  // end, or fail at a transport's timeout, which wakes this wait.
+  bool WaitForDeps(OpId i) {
     std::unique_lock<std::mutex> lock(mu_);
-    if (failed_) return false;
-    for (OpId d : t_.deps(i)) {
-      if (t_.rank(d) != rank_) continue;
-      if (!cv_.wait_until(lock, Deadline(timeout_s),
-                          [&] { return failed_ || done_[d - begin_]; })) {
-        *error =
-            Internal(fmt::format("rank {}: {}: timed out after {} s waiting for {} of its rank",
-                                 rank_, t_.str(i), timeout_s, t_.str(d)));
-        return false;
-      }
-      if (failed_) return false;
-    }
-    return true;
+    for (OpId d : t_.deps(i))
+      if (t_.rank(d) == rank_) cv_.wait(lock, [&] { return failed_ || done_[d - begin_]; });
+    return !failed_;
   }
   void Done(OpId i) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -131,8 +120,15 @@ Status RunRank(const Table& t, int32_t rank, Backend& backend, Transport& transp
                const RunOptions& o, std::chrono::steady_clock::time_point t0, Timeline* measured,
                OpId* failed) {
   std::array<std::vector<OpId>, kNumStreams> streams;
-  for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i)
+  for (OpId i = t.rank_begin(rank); i < t.rank_end(rank); ++i) {
+    for (OpId d : t.deps(i))
+      if (t.rank(d) == rank && d >= i) {  // would wait for itself
+        if (failed) *failed = i;
+        return InvalidPlan(fmt::format("rank {}: {}: depends on {}, which is not before it", rank,
+                                       t.str(i), t.str(d)));
+      }
     streams[static_cast<int>(StreamOf(t.kind(i)))].push_back(i);
+  }
   RankStreams state(t, rank);
   std::mutex backend_mu, done_mu;
   auto run_op = [&](OpId i) { return RunOp(t, i, backend, backend_mu, transport, o); };
@@ -143,14 +139,9 @@ Status RunRank(const Table& t, int32_t rank, Backend& backend, Transport& transp
   };
   auto walk = [&](const std::vector<OpId>& ops) {
     for (OpId i : ops) {
-      Status s;
-      const double reached = Seconds(t0);
-      if (!state.WaitForDeps(i, o.op_timeout_s, &s)) {
-        if (s.ok()) return;  // another stream failed
-        measured->start[i] = reached, measured->end[i] = Seconds(t0);
+      if (!state.WaitForDeps(i)) return;  // another stream failed
+      if (Status s = RunTimed(t, rank, i, run_op, o, t0, measured); !s.ok())
         return fail(i, std::move(s));
-      }
-      if (s = RunTimed(t, rank, i, run_op, o, t0, measured); !s.ok()) return fail(i, std::move(s));
       state.Done(i);
       if (o.on_op_done) {
         std::lock_guard<std::mutex> lock(done_mu);

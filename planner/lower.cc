@@ -137,7 +137,8 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
     RankSeq pending;
     std::vector<uint32_t>& order = reduce_order[s];
     const bool leader = r < shape.pp;
-    size_t next = 0;  // in `order`: the reduction this rank issues next
+    size_t next = 0;                   // in `order`: the reduction this rank issues next
+    std::map<uint32_t, RankSeq> held;  // by tag: reductions waiting for the ones before
     auto flush = [&] {
       if (leader) {
         for (PendingOp& p : pending) {
@@ -147,18 +148,16 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
         pending.clear();
         return;
       }
-      for (bool found = true; found && !pending.empty();) {
-        found = false;
-        for (size_t k = 0; k < pending.size() && next < order.size(); ++k) {
-          if (!IsCollective(pending[k].key.kind) || pending[k].tag != order[next]) continue;
-          size_t e = k + 1;
-          while (e < pending.size() && !IsCollective(pending[e].key.kind)) ++e;
-          for (size_t q = k; q < e; ++q) out.push_back(std::move(pending[q]));
-          pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(k),
-                        pending.begin() + static_cast<std::ptrdiff_t>(e));
-          ++next, found = true;
-          break;
-        }
+      uint32_t tag = 0;
+      for (PendingOp& p : pending) {
+        if (IsCollective(p.key.kind)) tag = p.tag;
+        held[tag].push_back(std::move(p));
+      }
+      pending.clear();
+      for (auto it = held.end(); next < order.size() && (it = held.find(order[next])) != held.end();
+           ++next) {
+        for (PendingOp& p : it->second) out.push_back(std::move(p));
+        held.erase(it);
       }
     };
     const bool per_mb = sync && !works.mb_reduce.empty();  // ZeRO-2
@@ -211,8 +210,8 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
       }
     }
     flush();
-    for (PendingOp& p : pending) out.push_back(std::move(p));  // none where replicas agree
-    pending.clear();
+    for (auto& [tag, unit] : held)  // none: every replica has replica 0's reductions
+      for (PendingOp& p : unit) out.push_back(std::move(p));
     if (host_grads)  // the gradient shards back before anything reads them
       for (int c = 0; c < shape.vp; ++c)
         out.push_back(

@@ -149,6 +149,36 @@ TEST_CASE("a peer that never sends: the receiver times out, names itself, and ev
   CHECK(tl.start[0] >= 0);
 }
 
+TEST_CASE("a reduction made to wait for a later op of its rank is refused before anything runs") {
+  // The streams of a rank wait for their dependencies with no timeout of their own (the ops
+  // waited for end or fail at a transport's timeout), which holds where every dependency on
+  // the rank is an earlier op: a plan where one is not is refused, not waited on.
+  Table t = Plan(SmallConfig(PipelineKind::k1F1B, 2, 1, 2, 2));
+  auto j = nlohmann::json::parse(ToJson(t));
+  uint32_t opt_step = 0, n = 0;
+  for (auto& op : j["ops"]) {
+    if (op["op"] == "r1 OPT_STEP") opt_step = n;
+    ++n;
+  }
+  bool edited = false;
+  for (auto& op : j["ops"])
+    if (!edited && op["op"].get<std::string>().rfind("r1 REDUCE_SCATTER", 0) == 0) {
+      op["deps"].push_back(opt_step);
+      edited = true;
+    }
+  REQUIRE(edited);
+  auto broken = FromJson(j.dump());
+  REQUIRE(broken.ok());
+  Timeline tl;
+  RunOptions o;
+  o.op_timeout_s = 30;  // a wait would end in a timeout, not in this error
+  auto r = RunCpuLocal(*broken, o, false, &tl);
+  REQUIRE(!r.ok());
+  CHECK(r.status().message().find("rank 1: r1 REDUCE_SCATTER") == 0);
+  CHECK(r.status().message().find("depends on r1 OPT_STEP, which is not before it") !=
+        std::string::npos);
+}
+
 TEST_CASE("execute CLI: --check passes, the measured trace is a Chrome trace of every op") {
   std::string dir = TempDir();
   std::string cfg = std::string(PIPEPLAN_SOURCE_DIR) + "/configs/default.yaml";
