@@ -7,7 +7,8 @@
 //   effects are computed per class.
 // - deps(op) lists explicit dependencies: a RECV lists its matching SEND (exactly one);
 //   a collective lists same-rank ops it must wait for; OPT_STEP lists its rank's
-//   gradient collectives. Same-stream order on a rank is implicit.
+//   gradient collectives. A same-rank dependency is an earlier op. Same-stream order on a
+//   rank is implicit.
 // - Collectives are matched across ranks by (group id in `peer`, tag).
 #pragma once
 

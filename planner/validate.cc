@@ -62,9 +62,15 @@ Status NameCycle(const Table& t) {
 Status CheckAcyclic(const Table& t) {
   const size_t n = t.size();
   for (OpId i = 0; i < n; ++i)
-    for (OpId d : t.deps(i))
+    for (OpId d : t.deps(i)) {
       if (d >= n)
         return InvalidPlan(fmt::format("{}: depends on op {} which does not exist", t.str(i), d));
+      // A rank's sequence is an order its ops can run in, whatever their streams (an
+      // executor's streams wait for earlier ops only).
+      if (d >= i && t.rank(d) == t.rank(i))
+        return InvalidPlan(
+            fmt::format("{}: depends on {}, which comes after it on its rank", t.str(i), t.str(d)));
+    }
   const int32_t R = t.num_ranks();
   std::vector<uint8_t> ordered(n, 0);
   std::vector<std::array<OpId, kNumStreams>> cursor(R);

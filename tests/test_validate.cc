@@ -62,6 +62,20 @@ TEST_CASE("dependency cycle") {
   CHECK(Why(broken).find("dependency cycle") != std::string::npos);
 }
 
+TEST_CASE("a dependency on a later op of the same rank") {
+  // r0's reduction first in its sequence, waiting for its last backward: on the collective
+  // stream that is no cycle (the engine would run it), but a sequence that is not an order
+  // its ops can run in.
+  auto ops = Valid();
+  ops[0].insert(ops[0].begin(), "r0 ALL_REDUCE c0 @g0");
+  ops[1].push_back("r1 ALL_REDUCE c0 @g0");
+  Table t = TableFromOps(ops, 2, 1, 2, {{0, 1}});
+  REQUIRE(ValidatePlan(t).ok());
+  Table broken = WithDep(t, Find(t, "r0 ALL_REDUCE c0 @g0"), Find(t, "r0 B c0 m1"));
+  CHECK(Why(broken) ==
+        "r0 ALL_REDUCE c0 @g0: depends on r0 B c0 m1, which comes after it on its rank");
+}
+
 TEST_CASE("deadlocking order of collectives") {
   auto ops = Valid();
   ops[0].push_back("r0 ALL_REDUCE c0 @g0");
