@@ -19,6 +19,15 @@ uint32_t CollectiveTag(OpKind kind, Module module, int32_t chunk, int bucket) {
          (static_cast<uint32_t>(kind) << 16) | static_cast<uint32_t>(chunk + 1);
 }
 
+void ForEachRank(const std::vector<RankSeq>& seqs, size_t from,
+                 const std::function<void(size_t)>& f) {
+  if (from >= seqs.size()) return;
+  size_t ops = 0;
+  for (size_t r = from; r < seqs.size(); ++r) ops += seqs[r].size();
+  RunParallel(
+      seqs.size() - from, [&](size_t k) { f(from + k); }, ops >= kParallelFromOps ? 0 : 1);
+}
+
 std::vector<RankSeq> ExpandStages(const std::vector<StageOrder>& orders, const PipelineShape& shape,
                                   const TextWorkIds& works) {
   std::vector<RankSeq> seqs(static_cast<size_t>(shape.dp) * shape.pp);
@@ -45,8 +54,9 @@ void AddSendRecv(std::vector<RankSeq>* seqs, const PipelineShape& shape, WorkId 
     return static_cast<uint32_t>(
         1 + ((static_cast<int64_t>(d) * S + sender_stage) * shape.m + mb) * 2 + dir);
   };
-  for (RankSeq& seq : *seqs) {
-    if (seq.empty()) continue;
+  ForEachRank(*seqs, 0, [&](size_t r) {
+    RankSeq& seq = (*seqs)[r];
+    if (seq.empty()) return;
     RankSeq out;
     out.reserve(seq.size() * 2 + 8);
     // The receive (before) or send (after) of a text op, if it has one: F receives from the
@@ -83,7 +93,7 @@ void AddSendRecv(std::vector<RankSeq>* seqs, const PipelineShape& shape, WorkId 
       j += n - 1;
     }
     seq = std::move(out);
-  }
+  });
 }
 
 void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zero_stage,
@@ -99,7 +109,8 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
   // issues its reductions in replica 0's order, a reduction whose backward ran early
   // waiting for the ones before it.
   std::vector<std::vector<uint32_t>> reduce_order(shape.pp);
-  for (int32_t r = 0; r < static_cast<int32_t>(seqs->size()); ++r) {
+  auto lower_rank = [&](size_t rank) {
+    const auto r = static_cast<int32_t>(rank);
     RankSeq& seq = (*seqs)[r];
     const int s = r % shape.pp;
     // Weight gradients of a chunk are complete after its last B or W.
@@ -240,7 +251,11 @@ void AddGradSync(std::vector<RankSeq>* seqs, const PipelineShape& shape, int zer
       if (!m->gather_first && m->gather_work >= 0)
         modality_op(*m, OpKind::kAllGather, m->gather_work, &out);
     seq = std::move(out);
-  }
+  };
+  // Replica 0's ranks first: the others issue their reductions in its order.
+  const size_t leaders = std::min(seqs->size(), static_cast<size_t>(shape.pp));
+  for (size_t r = 0; r < leaders; ++r) lower_rank(r);
+  ForEachRank(*seqs, leaders, lower_rank);
 }
 
 CopyKey CopyKeyOf(const OpKey& k) {

@@ -38,6 +38,12 @@ struct TextWorkIds {
   }
 };
 
+// Runs f(r) for each rank r >= `from` of `seqs`, where f reads and writes rank r's sequence
+// alone: on the machine's cores where the sequences hold kParallelFromOps ops or more, else
+// one rank after the other.
+void ForEachRank(const std::vector<RankSeq>& seqs, size_t from,
+                 const std::function<void(size_t)>& f);
+
 // Text compute ops: stage orders (pp of them) replicated over DP replicas, or one order
 // per rank (dp * pp, dp > 1). A step that overlaps the next gets kOverlapNextTag.
 std::vector<RankSeq> ExpandStages(const std::vector<StageOrder>& orders, const PipelineShape& shape,

@@ -224,8 +224,8 @@ Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const 
     }
   }
   if (!error.ok()) return error;
-  for (size_t r = 0; r < seqs->size(); ++r) {
-    if (ins[r].empty()) continue;
+  ForEachRank(*seqs, 0, [&](size_t r) {
+    if (ins[r].empty()) return;
     std::stable_sort(ins[r].begin(), ins[r].end(), [](const Ins& a, const Ins& b) {
       return std::tie(a.pos, a.slot, a.at, a.seq) < std::tie(b.pos, b.slot, b.at, b.seq);
     });
@@ -237,7 +237,7 @@ Status InsertModality(std::vector<RankSeq>* seqs, const PipelineShape& s, const 
       if (i < (*seqs)[r].size()) out.push_back((*seqs)[r][i]);
     }
     (*seqs)[r] = std::move(out);
-  }
+  });
   return Status::Ok();
 }
 

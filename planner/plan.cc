@@ -1863,6 +1863,7 @@ StatusOr<Replanner> Replanner::Start(const Config& c, Options options) {
     ASSIGN_OR_RETURN(r.config_, ConfigOfPlan(searched, c.source));
   }
   ASSIGN_OR_RETURN(r.first_, PlanOrdered(r.config_, &share.impl(), &r.choice_, r.text_.get()));
+  if (options.keep_memory) KeepFreedMemory();
   if (!options.check) return r;
   ASSIGN_OR_RETURN(const Judged judged, Judge(r.config_, r.first_));
   r.first_fits_ = !judged.oom;

@@ -151,6 +151,9 @@ class Replanner {
     // Simulate each step's plan and plan it again where it runs out of device memory (see
     // Plan); without, a step is placed with the first step's choices and not simulated.
     bool check = true;
+    // Keep the memory a step frees for the next step's plan (KeepFreedMemory, from the end
+    // of Start: process-wide); false leaves the allocator as it is.
+    bool keep_memory = true;
   };
   static StatusOr<Replanner> Start(const Config& config, Options options);
   static StatusOr<Replanner> Start(const Config& config) { return Start(config, Options{}); }
