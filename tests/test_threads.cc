@@ -8,6 +8,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/chrome_trace.h"
@@ -221,4 +222,47 @@ TEST_CASE("replanning: the second list-scheduler pass beside the lowering leaves
   }
   CHECK(r->lowered_again() > 0);  // the second pass was faster at some steps
   CHECK(r->lowered_again() < 7);  // and not at the others
+}
+
+TEST_CASE("ForEachRank visits each rank from its first once, on the cores for large sequences") {
+  const auto calling = std::this_thread::get_id();
+  for (const size_t per_rank : {size_t{10}, kParallelFromOps / 4}) {
+    CAPTURE(per_rank);
+    std::vector<RankSeq> seqs(8, RankSeq(per_rank));
+    std::vector<std::atomic<int>> visits(seqs.size());
+    std::atomic<int> elsewhere{0};
+    ForEachRank(seqs, 3, [&](size_t r) {
+      ++visits[r];
+      if (std::this_thread::get_id() != calling) ++elsewhere;
+    });
+    for (size_t r = 0; r < seqs.size(); ++r) CHECK(visits[r] == (r < 3 ? 0 : 1));
+    // 5 ranks of 10 ops: one after the other on the calling thread.
+    if (per_rank == 10) CHECK(elsewhere == 0);
+  }
+}
+
+TEST_CASE("SEND/RECV lowering on the cores gives each rank what it gives the rank alone") {
+  // 4 stages x 2 replicas x 2 x 5,000 micro-batches' F and B: past kParallelFromOps.
+  const PipelineShape shape{4, 1, 2, 5000};
+  auto orders = TextSchedule(PipelineKind::k1F1B, shape.pp, shape.vp, shape.m);
+  REQUIRE(orders.ok());
+  TextWorkIds works{{1, 2, 3, 4}, {5, 6, 7, 8}, {}, {}};
+  std::vector<RankSeq> all = ExpandStages(*orders, shape, works);
+  size_t ops = 0;
+  for (const RankSeq& s : all) ops += s.size();
+  REQUIRE(ops >= kParallelFromOps);
+  const std::vector<RankSeq> text = all;
+  AddSendRecv(&all, shape, 9);
+  for (size_t r = 0; r < text.size(); ++r) {
+    CAPTURE(r);
+    std::vector<RankSeq> alone(text.size());  // small: lowered on the calling thread
+    alone[r] = text[r];
+    AddSendRecv(&alone, shape, 9);
+    REQUIRE(alone[r].size() == all[r].size());
+    REQUIRE(alone[r].size() > text[r].size());
+    size_t differ = 0;
+    for (size_t i = 0; i < all[r].size(); ++i)
+      differ += !(alone[r][i].key == all[r][i].key && alone[r][i].tag == all[r][i].tag);
+    CHECK(differ == 0);
+  }
 }
