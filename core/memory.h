@@ -10,6 +10,7 @@
 #include <malloc.h>
 #endif
 
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -66,27 +67,34 @@ struct UnsetAllocator : std::allocator<T> {
 template <typename T>
 using Column = std::vector<T, UnsetAllocator<T>>;
 
+namespace detail {
+inline std::atomic<bool> keep_freed_memory{false};  // KeepFreedMemory was called
+}  // namespace detail
+
 // Hands freed heap memory back to the system. Phases that free many small blocks while
 // the next phase allocates large ones (mapped apart from the heap) would otherwise keep
 // both resident. It costs page faults when the heap grows again, so it is done for large
-// plans only (kReleaseFromOps ops and more), where the peak matters.
+// plans only (kReleaseFromOps ops and more), where the peak matters; not once the process
+// keeps what it frees (KeepFreedMemory).
 inline constexpr size_t kReleaseFromOps = size_t{1} << 19;
 inline void ReleaseFreeMemory() {
 #if defined(__GLIBC__)
-  malloc_trim(0);
+  if (!detail::keep_freed_memory.load(std::memory_order_relaxed)) malloc_trim(0);
 #endif
 }
 
 // Keeps what the process frees for its next allocations, for a process that builds plans
 // of one size again and again (a Replanner: every training step). By default glibc hands a
 // free top of the heap back to the system and maps large blocks apart (both thresholds
-// adapt, up to a few tens of MiB): each step then faults fresh pages in for the arrays the
-// last step freed (at 1,024 GPUs, about 225,000 ops, that was 15-20 % of a step's
-// replanning). Blocks up to 32 MiB (glibc's largest mapping threshold) come from the heap
-// and its free top stays; the process keeps its peak, which the first plan set.
-// ReleaseFreeMemory still hands memory back where it is called. Process-wide: call it
-// once the memory that matters is the next plan's speed, not the resident set.
+// adapt, up to a few tens of MiB), and ReleaseFreeMemory trims the heap during a large
+// plan: each step then faults fresh pages in for the arrays the last step freed (at 1,024
+// GPUs, about 225,000 ops, some 2,000 faults a step). From here on, blocks up to 32 MiB
+// (glibc's largest mapping threshold) come from the heap, its free top stays and
+// ReleaseFreeMemory does nothing: the process keeps the peak its first plan set.
+// Process-wide: call it once the memory that matters is the next plan's speed, not the
+// resident set.
 inline void KeepFreedMemory() {
+  detail::keep_freed_memory.store(true, std::memory_order_relaxed);
 #if defined(__GLIBC__)
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
