@@ -537,9 +537,14 @@ CpPlan PlanVisionTimed(const Config& c, const std::vector<int64_t>& patches,
       for (int s = 0; s < stages; ++s) {
         const int local = loads[s].Best(k);
         const int first = s * per_stage + local;
+        // On time on a stage already: one at least as loaded is not chosen (on time it
+        // loses the tie, late it loses on lateness), so where its item would end is not
+        // needed.
+        const double load = loads[s].Load(local, k);
+        if (best.first >= 0 && best.late == 0 && load >= best.tie) continue;
         const auto [fe, be] = ends(first, k, f, b);
         const double late = std::max({0.0, fe - tl.due[key], be - tl.end});
-        const double tie = late > 0 ? tl.TextEnd(rank_of(first)) : loads[s].Load(local, k);
+        const double tie = late > 0 ? tl.TextEnd(rank_of(first)) : load;
         if (best.first < 0 || late < best.late || (late == best.late && tie < best.tie))
           best = {first, late, tie};
       }
