@@ -152,7 +152,8 @@ class Replanner {
     // Plan); without, a step is placed with the first step's choices and not simulated.
     bool check = true;
     // Keep the memory a step frees for the next step's plan (KeepFreedMemory, from the end
-    // of Start: process-wide); false leaves the allocator as it is.
+    // of Start): process-wide and not undone; false leaves the allocator as it is (unless
+    // another replanner of the process set it).
     bool keep_memory = true;
   };
   static StatusOr<Replanner> Start(const Config& config, Options options);

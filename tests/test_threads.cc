@@ -262,7 +262,54 @@ TEST_CASE("SEND/RECV lowering on the cores gives each rank what it gives the ran
     REQUIRE(alone[r].size() > text[r].size());
     size_t differ = 0;
     for (size_t i = 0; i < all[r].size(); ++i)
-      differ += !(alone[r][i].key == all[r][i].key && alone[r][i].tag == all[r][i].tag);
+      differ += !(alone[r][i].key == all[r][i].key && alone[r][i].work == all[r][i].work &&
+                  alone[r][i].tag == all[r][i].tag);
     CHECK(differ == 0);
+  }
+}
+
+TEST_CASE("Gradient sync on the cores: each replica's rank as lowered beside replica 0's alone") {
+  // ZeRO-2 (a reduction per micro-batch) over 4 stages x 2 replicas x 2 x 5,000 micro-batches'
+  // F and B: past kParallelFromOps. Replica 0's ranks set the order the others issue their
+  // reductions in, so they are lowered first even on the cores.
+  const PipelineShape shape{4, 1, 2, 5000};
+  auto orders = TextSchedule(PipelineKind::k1F1B, shape.pp, shape.vp, shape.m);
+  REQUIRE(orders.ok());
+  const TextWorkIds works{{1, 2, 3, 4}, {5, 6, 7, 8}, {}, {}};
+  GradSyncWorks sync;
+  sync.reduce = sync.mb_reduce = {9, 10, 11, 12};
+  sync.gather = {13, 14, 15, 16};
+  sync.opt_step = {17, 18, 19, 20};
+  const std::vector<int32_t> groups{0, 1, 2, 3};
+  const std::vector<RankSeq> text = ExpandStages(*orders, shape, works);
+  std::vector<RankSeq> all = text;
+  AddGradSync(&all, shape, 2, sync, groups, {});
+  for (size_t r = shape.pp; r < text.size(); ++r) {
+    CAPTURE(r);
+    std::vector<RankSeq> alone(text.size());  // 5 ranks' ops: on the calling thread
+    for (int s = 0; s < shape.pp; ++s) alone[s] = text[s];
+    alone[r] = text[r];
+    size_t ops = 0;
+    for (const RankSeq& seq : alone) ops += seq.size();
+    REQUIRE(ops < kParallelFromOps);
+    AddGradSync(&alone, shape, 2, sync, groups, {});
+    REQUIRE(alone[r].size() == all[r].size());
+    size_t differ = 0, reductions = 0;
+    for (size_t i = 0; i < all[r].size(); ++i) {
+      differ += !(alone[r][i].key == all[r][i].key && alone[r][i].work == all[r][i].work &&
+                  alone[r][i].tag == all[r][i].tag);
+      reductions += all[r][i].key.kind == OpKind::kReduceScatter;
+    }
+    CHECK(differ == 0);
+    CHECK(reductions == static_cast<size_t>(shape.m));
+    // Its text order is replica 0's, so its reductions come where replica 0's rank has
+    // them (each after its backward), not held back to the end.
+    const RankSeq& leader = all[r % shape.pp];
+    REQUIRE(leader.size() == all[r].size());
+    size_t moved = 0;
+    for (size_t i = 0; i < leader.size(); ++i)
+      moved += !(leader[i].key.kind == all[r][i].key.kind && leader[i].key.mb == all[r][i].key.mb &&
+                 leader[i].tag == all[r][i].tag);
+    CHECK(moved == 0);
   }
 }
